@@ -1,0 +1,43 @@
+# thaw: two commands for a newcomer — `make up` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+
+.PHONY: up test install system-deps lint typecheck pytest bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test,bench]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian packages the suite needs (browser, docker engine, fuse); no-op when present.
+system-deps:
+	./scripts/system-deps.sh
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+pytest: install
+	$(VENV)/bin/pytest -q -p no:cacheprovider
+
+test: system-deps lint typecheck pytest
+
+up: install
+	$(VENV)/bin/thaw up
+
+bench: install
+	$(PY) bench/load.py
+
+clean:
+	rm -rf $(VENV) .thaw build *.egg-info

@@ -1,0 +1,68 @@
+"""Every setting of every thaw process, in one place (env prefix ``THAW_``).
+
+| setting                    | env                          | default              |
+| -------------------------- | ---------------------------- | -------------------- |
+| home                       | THAW_HOME                    | ./.thaw              |
+| store                      | THAW_STORE                   | <home>/store         |
+| s3_endpoint_url            | THAW_S3_ENDPOINT_URL         | (AWS)                |
+| s3_region                  | THAW_S3_REGION               | us-east-1            |
+| s3_access_key_id           | THAW_S3_ACCESS_KEY_ID        | (boto3 chain)        |
+| s3_secret_access_key       | THAW_S3_SECRET_ACCESS_KEY    | (boto3 chain)        |
+| cache_dir                  | THAW_CACHE_DIR               | <home>/cache         |
+| cache_max_bytes            | THAW_CACHE_MAX_BYTES         | 64 GiB               |
+| chunk_size_bytes           | THAW_CHUNK_SIZE_BYTES        | 8 MiB                |
+| loader_max_inflight_bytes  | THAW_LOADER_MAX_INFLIGHT_BYTES | 256 MiB            |
+| loader_fetch_threads       | THAW_LOADER_FETCH_THREADS    | 16                   |
+| loader_decode_threads      | THAW_LOADER_DECODE_THREADS   | 4                    |
+
+Settings are read once per process, at its entry point, and passed down.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from snapshotter.config import CacheConfig, LoaderConfig, S3Config, StoreConfig
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="THAW_", extra="ignore")
+
+    home: Path = Path(".thaw")
+    store: str | None = Field(default=None, description="directory or s3://bucket/prefix")
+    s3_endpoint_url: str | None = None
+    s3_region: str = "us-east-1"
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: str | None = None
+    cache_dir: Path | None = None
+    cache_max_bytes: int = 64 << 30
+    chunk_size_bytes: int = 8 << 20
+    loader_max_inflight_bytes: int = 256 << 20
+    loader_fetch_threads: int = 16
+    loader_decode_threads: int = 4
+
+    def store_config(self, override: str | None = None) -> StoreConfig:
+        url = override or self.store or str(self.home / "store")
+        s3 = S3Config(
+            endpoint_url=self.s3_endpoint_url,
+            region=self.s3_region,
+            access_key_id=self.s3_access_key_id,
+            secret_access_key=self.s3_secret_access_key,
+        )
+        return StoreConfig(url=url, s3=s3)
+
+    def cache_config(self) -> CacheConfig:
+        return CacheConfig(
+            directory=self.cache_dir or self.home / "cache", max_bytes=self.cache_max_bytes
+        )
+
+    def loader_config(self) -> LoaderConfig:
+        return LoaderConfig(
+            chunk_size_bytes=self.chunk_size_bytes,
+            max_inflight_bytes=self.loader_max_inflight_bytes,
+            fetch_threads=self.loader_fetch_threads,
+            decode_threads=self.loader_decode_threads,
+        )

@@ -1,0 +1,44 @@
+"""Plain configuration the snapshotter is given; it never reads the environment.
+
+The process's settings class (``control_plane.settings.Settings``) builds these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from snapshotter.manifest import DEFAULT_CHUNK_SIZE_BYTES
+
+
+@dataclass(frozen=True)
+class S3Config:
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    max_pool_connections: int = 64
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Where artifacts live: a directory, or ``s3://bucket/prefix``."""
+
+    url: str
+    s3: S3Config = S3Config()
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The worker's disk chunk cache."""
+
+    directory: Path
+    max_bytes: int = 64 << 30
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    chunk_size_bytes: int = DEFAULT_CHUNK_SIZE_BYTES
+    max_inflight_bytes: int = 256 << 20
+    fetch_threads: int = 16
+    decode_threads: int = 4

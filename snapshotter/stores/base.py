@@ -1,0 +1,53 @@
+"""The one interface every store implements: named blobs, atomically written.
+
+Keys are ``/``-separated relative names (no ``..``, no leading ``/``). The
+layout above this interface (see ``snapshotter.registry``)::
+
+    chunks/<hex[:2]>/<hex>      a framed chunk (``snapshotter.codec``)
+    manifests/<hex>             a manifest's canonical JSON
+    tags/<name>/<tag>           the digest a NAME:TAG points at, as text
+    profiles/<hex>              a manifest's recorded prefetch order (JSON)
+
+A reader never sees a partial object: ``put`` is all or nothing.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+
+
+def check_key(key: str) -> str:
+    """Refuse keys that could escape the store's root."""
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"invalid store key {key!r}")
+    return key
+
+
+class Store(abc.ABC):
+    """A flat namespace of immutable-by-convention blobs."""
+
+    url: str
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes:
+        """The whole object. Raises ``NotFoundError`` when absent."""
+
+    @abc.abstractmethod
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        """Write atomically, replacing any object of that key."""
+
+    @abc.abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove; absent keys are not an error."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str) -> Iterator[str]:
+        """Keys under ``prefix`` (a folder-like prefix ending in ``/``), any order."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}>"
