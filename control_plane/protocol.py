@@ -1,0 +1,195 @@
+"""The boundary between the control plane and a worker agent (version 1).
+
+Both sides import these models; nothing else crosses the boundary. Every
+payload carries ``v`` (:data:`PROTOCOL_VERSION`); a receiver refuses a
+payload whose major version it does not know (:func:`check_version`).
+
+Celery, control plane → worker (JSON only; one queue per worker, named by
+:func:`worker_queue`; ``task_acks_late``, ``task_reject_on_worker_lost``,
+``worker_prefetch_multiplier=1``)::
+
+    thaw.start_replica   StartReplica   start (specialize) a replica
+    thaw.stop_replica    StopReplica    drain and stop a replica
+    thaw.run_call        RunCall        run one call; the task blocks until it ends
+
+Each task takes one positional argument: the model's ``model_dump(mode="json")``.
+
+HTTP, worker → control plane (``Authorization: Bearer <key>``, scope
+``worker`` or ``admin``)::
+
+    POST /v1/workers/register          WorkerRegister  → WorkerRegistered
+    POST /v1/workers/{id}/heartbeat    WorkerHeartbeat → HeartbeatReply
+    POST /v1/replicas/{id}/events      ReplicaEvent    → 200
+    POST /v1/calls/{id}/events         CallEvent       → 200, or 409 when the
+                                                         call is already final
+                                                         (stop sending for it)
+
+Replica life, as the worker reports it::
+
+    starting ──▶ ready ──▶ stopped
+        └──────▶ failed
+
+Call life, as the worker reports it (one attempt)::
+
+    started ──▶ output* ──▶ succeeded | failed | timeout | cancelled
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+PROTOCOL_VERSION = 1
+
+TASK_START_REPLICA = "thaw.start_replica"
+TASK_STOP_REPLICA = "thaw.stop_replica"
+TASK_RUN_CALL = "thaw.run_call"
+
+#: Cold-start phases, in the order they happen.
+REPLICA_PHASES = (
+    "schedule",
+    "pool_acquire",
+    "process_start",
+    "imports",
+    "device_init",
+    "weights_fetch",
+    "weights_to_device",
+    "adapters",
+    "user_setup",
+    "first_output",
+)
+
+Device = Literal["cpu", "cuda"]
+ReplicaState = Literal["starting", "ready", "failed", "stopped"]
+CallEventKind = Literal["started", "output", "succeeded", "failed", "timeout", "cancelled"]
+FINAL_CALL_EVENTS: frozenset[str] = frozenset({"succeeded", "failed", "timeout", "cancelled"})
+
+
+class ProtocolVersionError(ValueError):
+    """A payload of a protocol major version this side does not speak."""
+
+
+def worker_queue(worker_id: str) -> str:
+    """The Celery queue a worker consumes."""
+    return f"thaw.worker.{worker_id}"
+
+
+def check_version(v: int) -> None:
+    """Refuse a payload from an incompatible peer, saying which side to upgrade."""
+    if v != PROTOCOL_VERSION:
+        raise ProtocolVersionError(
+            f"protocol version {v} is not supported (this side speaks {PROTOCOL_VERSION}); "
+            "run the same thaw version on the control plane and the workers"
+        )
+
+
+class Message(BaseModel):
+    """Base of every payload: versioned, unknown fields ignored (additive changes)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    v: int = PROTOCOL_VERSION
+
+    @field_validator("v")
+    @classmethod
+    def _known_version(cls, v: int) -> int:
+        check_version(v)
+        return v
+
+
+# --- Celery: control plane → worker ------------------------------------------
+
+
+class AdapterSpec(BaseModel):
+    name: str
+    digest: str
+
+
+class StartReplica(Message):
+    replica_id: str
+    function: str
+    version: int
+    bundle_digest: str
+    entry: str = Field(description='"module:ClassName" inside the bundle')
+    model_digest: str | None = None
+    adapters: list[AdapterSpec] = Field(default_factory=list)
+    device: Device = "cpu"
+    timeout_s: float = 300.0
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class StopReplica(Message):
+    replica_id: str
+    reason: str = ""
+
+
+class RunCall(Message):
+    call_id: str
+    attempt: int = 1
+    replica_id: str
+    function: str
+    input: Any = None
+    adapter: str | None = None
+    stream: bool = False
+    timeout_s: float = 300.0
+    accepted_at: float = Field(description="unix seconds when the control plane accepted it")
+
+
+# --- HTTP: worker → control plane ---------------------------------------------
+
+
+class DeviceInfo(BaseModel):
+    kind: str = Field(description='"cpu" or "cuda"')
+    name: str = ""
+    memory_bytes: int = 0
+
+
+class WorkerRegister(Message):
+    worker_id: str
+    name: str = ""
+    devices: list[DeviceInfo] = Field(default_factory=list)
+    memory_bytes: int = 0
+    pool_size: int = 0
+    cached_manifests: list[str] = Field(default_factory=list)
+    cache_bytes: int = 0
+
+
+class WorkerRegistered(Message):
+    worker_id: str
+    queue: str
+    heartbeat_interval_s: float
+
+
+class ReplicaReport(BaseModel):
+    replica_id: str
+    state: ReplicaState
+    outstanding_calls: int = 0
+
+
+class WorkerHeartbeat(Message):
+    replicas: list[ReplicaReport] = Field(default_factory=list)
+    cached_manifests: list[str] = Field(default_factory=list)
+    cache_bytes: int = 0
+    free_memory_bytes: int = 0
+    pool_size: int = 0
+    healthy: bool = True
+
+
+class HeartbeatReply(Message):
+    cancel_call_ids: list[str] = Field(default_factory=list)
+    stop_replica_ids: list[str] = Field(default_factory=list)
+
+
+class ReplicaEvent(Message):
+    state: ReplicaState
+    phases_ms: dict[str, float] = Field(default_factory=dict)
+    error: str | None = None
+
+
+class CallEvent(Message):
+    attempt: int = 1
+    kind: CallEventKind
+    output: Any = None
+    error: str | None = None
+    timings_ms: dict[str, float] = Field(default_factory=dict)
