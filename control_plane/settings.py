@@ -14,6 +14,20 @@
 | loader_max_inflight_bytes  | THAW_LOADER_MAX_INFLIGHT_BYTES | 256 MiB            |
 | loader_fetch_threads       | THAW_LOADER_FETCH_THREADS    | 16                   |
 | loader_decode_threads      | THAW_LOADER_DECODE_THREADS   | 4                    |
+| database_url               | THAW_DATABASE_URL            | sqlite:///<home>/thaw.db |
+| broker_url                 | THAW_BROKER_URL              | filesystem:// under <home>/broker |
+| broker_poll_interval_s     | THAW_BROKER_POLL_INTERVAL_S  | 0.05 (filesystem broker) |
+| server_url                 | THAW_SERVER_URL              | http://127.0.0.1:8420 |
+| api_key                    | THAW_API_KEY                 | (none; CLI and worker key) |
+| server_host                | THAW_SERVER_HOST             | 127.0.0.1            |
+| server_port                | THAW_SERVER_PORT             | 8420                 |
+| admin_key_file             | THAW_ADMIN_KEY_FILE          | (none; first admin key copy) |
+| max_body_bytes             | THAW_MAX_BODY_BYTES          | 6 MiB                |
+| heartbeat_interval_s       | THAW_HEARTBEAT_INTERVAL_S    | 5                    |
+| worker_lost_after_heartbeats | THAW_WORKER_LOST_AFTER_HEARTBEATS | 3            |
+| reconcile_interval_s       | THAW_RECONCILE_INTERVAL_S    | 0.5                  |
+| result_poll_interval_s     | THAW_RESULT_POLL_INTERVAL_S  | 0.25 (other processes' results) |
+| deploy_validate_timeout_s  | THAW_DEPLOY_VALIDATE_TIMEOUT_S | 120                |
 
 Settings are read once per process, at its entry point, and passed down.
 """
@@ -43,6 +57,21 @@ class Settings(BaseSettings):
     loader_max_inflight_bytes: int = 256 << 20
     loader_fetch_threads: int = 16
     loader_decode_threads: int = 4
+    # --- control plane (see control_plane/) ---
+    database_url: str | None = None
+    broker_url: str | None = None
+    broker_poll_interval_s: float = 0.05
+    server_url: str = "http://127.0.0.1:8420"
+    api_key: str | None = None
+    server_host: str = "127.0.0.1"
+    server_port: int = 8420
+    admin_key_file: Path | None = None
+    max_body_bytes: int = 6 << 20
+    heartbeat_interval_s: float = 5.0
+    worker_lost_after_heartbeats: int = 3
+    reconcile_interval_s: float = 0.5
+    result_poll_interval_s: float = 0.25
+    deploy_validate_timeout_s: float = 120.0
 
     def store_config(self, override: str | None = None) -> StoreConfig:
         url = override or self.store or str(self.home / "store")
@@ -53,6 +82,18 @@ class Settings(BaseSettings):
             secret_access_key=self.s3_secret_access_key,
         )
         return StoreConfig(url=url, s3=s3)
+
+    def database_url_resolved(self) -> str:
+        """The SQLAlchemy URL; embedded default: SQLite under ``home``."""
+        return self.database_url or f"sqlite:///{(self.home / 'thaw.db').resolve()}"
+
+    def broker_url_resolved(self) -> str:
+        """Celery's broker; embedded default: kombu's ``filesystem://`` (no server)."""
+        return self.broker_url or "filesystem://"
+
+    def broker_folder(self) -> Path:
+        """Where the ``filesystem://`` transport keeps its messages."""
+        return self.home / "broker"
 
     def cache_config(self) -> CacheConfig:
         return CacheConfig(
