@@ -1,0 +1,147 @@
+"""API keys: created, looked up by id, verified in constant time, revoked.
+
+A key reads ``thaw_<id>_<secret>``: ``id`` (12 hex) is stored in clear for
+lookup, ``secret`` (32 random bytes, urlsafe base64) only as its SHA-256.
+A key holds scopes (admin, deploy, invoke, worker) and may be limited to one
+function. ``admin`` implies every other scope.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from control_plane.db.models import ApiKey
+from control_plane.errors import (
+    BadRequestError,
+    ForbiddenError,
+    NotFoundError,
+    UnauthorizedError,
+)
+
+SCOPES = ("admin", "deploy", "invoke", "worker")
+KEY_PREFIX = "thaw_"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the key's id, scopes and optional function limit."""
+
+    key_id: str
+    scopes: frozenset[str]
+    function: str | None = None
+
+    def require(self, scope: str, function: str | None = None) -> None:
+        """Raise ``ForbiddenError`` unless this key may use ``scope`` (on ``function``)."""
+        if "admin" not in self.scopes and scope not in self.scopes:
+            raise ForbiddenError(
+                f"API key {self.key_id} lacks scope {scope!r} (it has "
+                f"{', '.join(sorted(self.scopes))}); "
+                f"create one with `thaw keys create --scope {scope}`"
+            )
+        if self.function is not None and function is not None and function != self.function:
+            raise ForbiddenError(
+                f"API key {self.key_id} is limited to function {self.function!r}, not {function!r}"
+            )
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    id: str
+    name: str
+    scopes: list[str]
+    function: str | None
+    created_at: float
+    revoked_at: float | None
+
+
+def _sha256(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _check_scopes(scopes: Iterable[str]) -> list[str]:
+    out = sorted(set(scopes))
+    bad = [s for s in out if s not in SCOPES]
+    if bad or not out:
+        raise BadRequestError(f"unknown or no scopes {bad}; choose from {', '.join(SCOPES)}")
+    return out
+
+
+def create_key(
+    session: Session,
+    now: float,
+    scopes: Iterable[str],
+    name: str = "",
+    function: str | None = None,
+) -> tuple[str, KeyInfo]:
+    """Store a new key; return (the full token, shown once; its info)."""
+    key_id = secrets.token_hex(6)
+    secret = secrets.token_urlsafe(32)
+    row = ApiKey(
+        id=key_id,
+        name=name,
+        secret_sha256=_sha256(secret),
+        scopes=",".join(_check_scopes(scopes)),
+        function=function,
+        created_at=now,
+    )
+    session.add(row)
+    session.flush()
+    return f"{KEY_PREFIX}{key_id}_{secret}", _info(row)
+
+
+def authenticate(session: Session, token: str | None) -> Principal:
+    """The principal a bearer token names. Raises ``UnauthorizedError``."""
+    if not token:
+        raise UnauthorizedError("missing API key: send `Authorization: Bearer thaw_...`")
+    key_id, secret = _split(token)
+    row = session.get(ApiKey, key_id)
+    # Compare even when the id is unknown, so timing does not reveal which ids exist.
+    expected = row.secret_sha256 if row is not None else "0" * 64
+    ok = hmac.compare_digest(expected, _sha256(secret))
+    if row is None or not ok or row.revoked_at is not None:
+        raise UnauthorizedError("invalid or revoked API key")
+    return Principal(row.id, frozenset(row.scopes.split(",")), row.function)
+
+
+def _split(token: str) -> tuple[str, str]:
+    if not token.startswith(KEY_PREFIX):
+        raise UnauthorizedError("malformed API key: it should start with 'thaw_'")
+    key_id, sep, secret = token[len(KEY_PREFIX) :].partition("_")
+    if not sep or not key_id or not secret:
+        raise UnauthorizedError("malformed API key: expected thaw_<id>_<secret>")
+    return key_id, secret
+
+
+def list_keys(session: Session) -> list[KeyInfo]:
+    rows = session.scalars(select(ApiKey).order_by(ApiKey.created_at)).all()
+    return [_info(r) for r in rows]
+
+
+def revoke_key(session: Session, key_id: str, now: float) -> KeyInfo:
+    row = session.get(ApiKey, key_id)
+    if row is None:
+        raise NotFoundError(f"no API key {key_id!r}; list them with `thaw keys ls`")
+    if row.revoked_at is None:
+        row.revoked_at = now
+    return _info(row)
+
+
+def bootstrap_admin(session: Session, now: float) -> str | None:
+    """On an installation with no keys, create the first admin key and return its token."""
+    if session.scalars(select(ApiKey.id).limit(1)).first() is not None:
+        return None
+    token, _ = create_key(session, now, ["admin"], name="bootstrap admin")
+    return token
+
+
+def _info(row: ApiKey) -> KeyInfo:
+    return KeyInfo(
+        row.id, row.name, row.scopes.split(","), row.function, row.created_at, row.revoked_at
+    )
