@@ -1,0 +1,52 @@
+"""Small functions the worker tests run in real replica processes."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+
+class Echo:
+    def setup(self, ctx: Any) -> None:
+        self.device = ctx.device
+        self.setup_calls = getattr(self, "setup_calls", 0) + 1
+
+    def __call__(self, input: Any, call: Any) -> Any:
+        return {
+            "input": input,
+            "device": self.device,
+            "adapter": call.adapter,
+            "call_id": call.call_id,
+            "setup_calls": self.setup_calls,
+            "env": os.environ.get("THAW_TEST_ENV"),
+        }
+
+
+class Stream:
+    def __call__(self, input: Any) -> Any:
+        for i in range(int(input["n"])):
+            yield {"i": i}
+
+
+class Flaky:
+    """Raises when asked to, answers otherwise."""
+
+    def __call__(self, input: Any) -> Any:
+        if input.get("raise"):
+            raise ValueError(f"asked to fail: {input['raise']}")
+        if input.get("sleep_s"):
+            time.sleep(float(input["sleep_s"]))
+        if input.get("exit"):
+            os._exit(3)
+        if input.get("not_json"):
+            return object()
+        return "ok"
+
+
+class FailingSetup:
+    def setup(self, ctx: Any) -> None:
+        raise RuntimeError("setup exploded on purpose")
+
+    def __call__(self, input: Any) -> Any:
+        return input

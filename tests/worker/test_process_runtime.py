@@ -1,0 +1,156 @@
+"""The process runtime against real replica processes (no control plane)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from worker.child_protocol import ReplicaSpec
+from worker.runtimes.base import CallRequest, CallUpdate, ReplicaStartError
+from worker.runtimes.process import ProcessReplica, ProcessRuntime
+
+FUNCTIONS = Path(__file__).parent / "functions"
+
+
+class Exits:
+    """Records on_exit calls, and lets a test wait for one."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.event = threading.Event()
+
+    def __call__(self, replica_id: str, reason: str) -> None:
+        self.calls.append((replica_id, reason))
+        self.event.set()
+
+
+@pytest.fixture
+def runtime() -> Iterator[ProcessRuntime]:
+    rt = ProcessRuntime()
+    yield rt
+    rt.close()
+
+
+def spec(entry: str, replica_id: str = "r1", **kw: object) -> ReplicaSpec:
+    return ReplicaSpec(
+        replica_id=replica_id, function="f", entry=entry, bundle_dir=str(FUNCTIONS), **kw
+    )
+
+
+def run(replica: ProcessReplica, call_id: str, input: object, **kw: object) -> list[CallUpdate]:
+    return list(replica.call(CallRequest(call_id=call_id, input=input, **kw)))  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def flaky(runtime: ProcessRuntime) -> Iterator[tuple[ProcessReplica, Exits]]:
+    exits = Exits()
+    replica = runtime.start(spec("basic:Flaky"), exits)
+    yield replica, exits
+    replica.stop()
+
+
+def test_start_reports_generic_and_specialize_phases(runtime: ProcessRuntime) -> None:
+    exits = Exits()
+    replica = runtime.start(spec("basic:Echo", env={"THAW_TEST_ENV": "yes"}), exits)
+    try:
+        for phase in ("process_start", "imports", "device_init", "user_setup"):
+            assert replica.phases_ms[phase] >= 0.0
+        assert replica.phases_ms["imports"] > 0.0  # torch was imported in the child
+        [update] = run(replica, "c1", {"x": 1}, adapter="a1")
+        assert update.kind == "succeeded"
+        assert update.output == {
+            "input": {"x": 1},
+            "device": "cpu",
+            "adapter": "a1",
+            "call_id": "c1",
+            "setup_calls": 1,
+            "env": "yes",
+        }
+        assert "execution" in update.timings_ms
+    finally:
+        replica.stop()
+    assert not replica.alive
+    assert exits.calls == []  # a requested stop is not an unexpected exit
+
+
+def test_streaming_yields_each_chunk_then_succeeds(runtime: ProcessRuntime) -> None:
+    replica = runtime.start(spec("basic:Stream"), Exits())
+    try:
+        updates = run(replica, "c1", {"n": 3})
+    finally:
+        replica.stop()
+    assert [u.kind for u in updates] == ["output", "output", "output", "succeeded"]
+    assert [u.output for u in updates[:3]] == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert updates[-1].timings_ms["first_output"] <= updates[-1].timings_ms["execution"]
+
+
+def test_raise_fails_the_call_with_traceback_and_keeps_the_replica(
+    flaky: tuple[ProcessReplica, Exits],
+) -> None:
+    replica, exits = flaky
+    [failed] = run(replica, "c1", {"raise": "boom"})
+    assert failed.kind == "failed"
+    assert failed.error is not None
+    assert failed.error.startswith("ValueError: asked to fail: boom")
+    assert "basic.py" in failed.error  # the traceback tail names the user's file
+    [ok] = run(replica, "c2", {})
+    assert (ok.kind, ok.output) == ("succeeded", "ok")
+    assert replica.alive and exits.calls == []
+
+
+def test_non_json_result_fails_the_call(flaky: tuple[ProcessReplica, Exits]) -> None:
+    replica, _ = flaky
+    [failed] = run(replica, "c1", {"not_json": True})
+    assert failed.kind == "failed" and "not JSON" in (failed.error or "")
+
+
+def test_timeout_kills_the_replica_and_fails_other_calls(
+    flaky: tuple[ProcessReplica, Exits],
+) -> None:
+    replica, exits = flaky
+    other: list[CallUpdate] = []
+    slow = threading.Thread(target=lambda: other.extend(run(replica, "c0", {"sleep_s": 60})))
+    slow.start()
+    [timed_out] = run(replica, "c1", {"sleep_s": 60}, timeout_s=0.5)
+    slow.join(timeout=10)
+    assert timed_out.kind == "timeout" and "0.5 s timeout" in (timed_out.error or "")
+    assert [u.kind for u in other] == ["failed"]
+    assert exits.event.wait(10)
+    assert exits.calls[0][0] == "r1" and "timeout" in exits.calls[0][1]
+    assert not replica.alive
+    assert process_gone(replica)
+
+
+def test_death_is_reported_once_and_fails_the_call(flaky: tuple[ProcessReplica, Exits]) -> None:
+    replica, exits = flaky
+    [failed] = run(replica, "c1", {"exit": True})
+    assert failed.kind == "failed" and "exited with code 3" in (failed.error or "")
+    assert exits.event.wait(10)
+    assert len(exits.calls) == 1 and "code 3" in exits.calls[0][1]
+    [refused] = run(replica, "c2", {})
+    assert refused.kind == "failed" and "not running" in (refused.error or "")
+
+
+def test_failing_setup_raises_start_error_and_leaves_nothing(runtime: ProcessRuntime) -> None:
+    with pytest.raises(ReplicaStartError) as info:
+        runtime.start(spec("basic:FailingSetup"), Exits())
+    assert "setup exploded on purpose" in str(info.value)
+    assert "user_setup" in info.value.phases_ms
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [("basic:Missing", "has no 'Missing'"), ("nomodule:X", "No module"), ("bad", "module:Class")],
+)
+def test_bad_entry_is_a_clear_start_error(
+    runtime: ProcessRuntime, entry: str, message: str
+) -> None:
+    with pytest.raises(ReplicaStartError, match=message):
+        runtime.start(spec(entry), Exits())
+
+
+def process_gone(replica: ProcessReplica) -> bool:
+    return replica.process.proc.poll() is not None

@@ -1,0 +1,135 @@
+"""Messages between the worker agent and one replica child process.
+
+They travel as frames (``worker.frames``) over a Unix-domain socket pair
+the agent creates; every message has a ``type``. One replica's life::
+
+    child                                   agent
+      │ (generic start: python, torch, device context)
+      │── hello {pid, device, phases_ms} ────▶│   the process is now poolable
+      │◀──────────────── specialize {spec} ───│   code, weights, adapters, setup
+      │── ready {phases_ms} ─────────────────▶│   or setup_failed {error, phases_ms}
+      │◀───────── call {call_id, input, ..} ──│   any number, concurrently
+      │── output {call_id, chunk} ───────────▶│   zero or more per call (streaming)
+      │── result {call_id, output} ──────────▶│   or error {call_id, error}
+      │◀──────────────────────── shutdown ────│   or the agent kills the process
+      ▼
+
+The child exits as soon as its socket closes, so it never outlives its
+agent. Phases are measured in the child in milliseconds; the agent adds
+``pool_acquire`` and reports the sum.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, TypeAdapter
+
+
+class AdapterRef(BaseModel):
+    name: str
+    digest: str
+
+
+class StoreSpec(BaseModel):
+    """Where the child reads artifacts (mirrors ``snapshotter.config``)."""
+
+    url: str
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: str | None = None
+    cache_dir: str
+    cache_max_bytes: int
+    bundles_dir: str
+    chunk_size_bytes: int = 8 << 20
+    loader_max_inflight_bytes: int = 256 << 20
+    loader_fetch_threads: int = 16
+    loader_decode_threads: int = 4
+
+
+class ReplicaSpec(BaseModel):
+    """Everything a generic child needs to become one function's replica."""
+
+    replica_id: str
+    function: str
+    version: int = 1
+    bundle_digest: str | None = None
+    bundle_dir: str | None = None  # a local code directory instead of a bundle (tests, dev)
+    entry: str
+    model_digest: str | None = None
+    adapters: list[AdapterRef] = Field(default_factory=list)
+    device: Literal["cpu", "cuda"] = "cpu"
+    env: dict[str, str] = Field(default_factory=dict)
+    store: StoreSpec | None = None
+
+
+# --- agent → child ---------------------------------------------------------
+class Specialize(BaseModel):
+    type: Literal["specialize"] = "specialize"
+    spec: ReplicaSpec
+
+
+class CallMsg(BaseModel):
+    type: Literal["call"] = "call"
+    call_id: str
+    attempt: int = 1
+    input: Any = None
+    adapter: str | None = None
+
+
+class Shutdown(BaseModel):
+    type: Literal["shutdown"] = "shutdown"
+
+
+# --- child → agent ---------------------------------------------------------
+class Hello(BaseModel):
+    type: Literal["hello"] = "hello"
+    pid: int
+    device: str
+    phases_ms: dict[str, float]
+
+
+class Ready(BaseModel):
+    type: Literal["ready"] = "ready"
+    phases_ms: dict[str, float]
+
+
+class SetupFailed(BaseModel):
+    type: Literal["setup_failed"] = "setup_failed"
+    error: str
+    phases_ms: dict[str, float] = Field(default_factory=dict)
+
+
+class Output(BaseModel):
+    type: Literal["output"] = "output"
+    call_id: str
+    chunk: Any = None
+
+
+class Result(BaseModel):
+    type: Literal["result"] = "result"
+    call_id: str
+    output: Any = None
+    timings_ms: dict[str, float] = Field(default_factory=dict)
+
+
+class CallError(BaseModel):
+    type: Literal["error"] = "error"
+    call_id: str
+    error: str
+    timings_ms: dict[str, float] = Field(default_factory=dict)
+
+
+ToChild = Annotated[Specialize | CallMsg | Shutdown, Field(discriminator="type")]
+FromChild = Annotated[
+    Hello | Ready | SetupFailed | Output | Result | CallError, Field(discriminator="type")
+]
+TO_CHILD: TypeAdapter[Specialize | CallMsg | Shutdown] = TypeAdapter(ToChild)
+FROM_CHILD: TypeAdapter[Hello | Ready | SetupFailed | Output | Result | CallError] = TypeAdapter(
+    FromChild
+)
+
+
+def dump(message: BaseModel) -> dict[str, Any]:
+    return message.model_dump(mode="json")

@@ -1,0 +1,147 @@
+"""The replica child process: ``python -m worker.replica_child --fd N --device D``.
+
+It starts generic (Python, torch, the device context), says ``hello`` on the
+inherited socket, and waits. A ``specialize`` message turns it into one
+function's replica (``worker.specialize``); after ``ready`` it serves calls,
+each on its own thread, until ``shutdown`` or until the socket closes (its
+agent is gone), when it exits at once. See ``worker.child_protocol``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+T_ENTRY_S = time.time()  # as early as possible: process_start ends here
+
+
+def _generic_start(device: str, spawned_at: float) -> dict[str, float]:
+    """Import torch and initialise the device; return the phases it took."""
+    phases = {"process_start": max(0.0, (T_ENTRY_S - spawned_at) * 1000)}
+    t0 = time.perf_counter()
+    import torch
+
+    import worker.specialize  # noqa: F401  (its imports are the replica's, not the user's)
+
+    phases["imports"] = (time.perf_counter() - t0) * 1000
+    t0 = time.perf_counter()
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("this replica was asked for CUDA but torch sees no CUDA device")
+        torch.cuda.init()
+        torch.zeros(1, device="cuda")  # creates the context now, not on the first tensor
+        torch.cuda.synchronize()
+    phases["device_init"] = (time.perf_counter() - t0) * 1000
+    return phases
+
+
+class ChildServer:
+    """Serves one replica's calls over the agent's socket."""
+
+    def __init__(self, conn: Any) -> None:
+        from worker.frames import FrameSocket
+
+        self.conn: FrameSocket = conn if isinstance(conn, FrameSocket) else FrameSocket(conn)
+        self.replica: Any = None
+
+    def serve(self) -> None:
+        from worker.child_protocol import TO_CHILD, CallMsg, Shutdown, Specialize
+        from worker.frames import PeerClosedError
+
+        while True:
+            try:
+                msg = TO_CHILD.validate_python(self.conn.recv())
+            except PeerClosedError:
+                return  # the agent is gone: so are we
+            if isinstance(msg, Shutdown):
+                return
+            if isinstance(msg, Specialize):
+                self._specialize(msg)
+            elif isinstance(msg, CallMsg):
+                threading.Thread(target=self._run_call, args=(msg,), daemon=True).start()
+
+    def _specialize(self, msg: Any) -> None:
+        from worker.child_protocol import Ready, SetupFailed, dump
+        from worker.specialize import SpecializeError, specialize
+
+        if self.replica is not None:
+            self.conn.send(dump(SetupFailed(error="this process is already specialized")))
+            return
+        try:
+            self.replica = specialize(msg.spec)
+        except SpecializeError as exc:
+            self.conn.send(dump(SetupFailed(error=str(exc), phases_ms=exc.phases_ms)))
+            return
+        self.conn.send(dump(Ready(phases_ms=self.replica.phases_ms)))
+
+    def _run_call(self, msg: Any) -> None:
+        from worker.child_protocol import CallError, Output, Result, dump
+        from worker.sdk import CallContext, is_stream
+        from worker.specialize import format_error
+
+        t0 = time.perf_counter()
+        timings: dict[str, float] = {}
+        try:
+            if self.replica is None:
+                raise RuntimeError("call received before the replica was specialized")
+            args: tuple[Any, ...] = (msg.input,)
+            if self.replica.pass_call_context:
+                args += (CallContext(msg.call_id, msg.adapter, msg.attempt),)
+            result = self.replica.instance(*args)
+            if is_stream(result):
+                for chunk in result:
+                    _check_json(chunk)
+                    timings.setdefault("first_output", (time.perf_counter() - t0) * 1000)
+                    self.conn.send(dump(Output(call_id=msg.call_id, chunk=chunk)))
+                result = None
+            _check_json(result)
+            timings["execution"] = (time.perf_counter() - t0) * 1000
+            timings.setdefault("first_output", timings["execution"])
+            self.conn.send(dump(Result(call_id=msg.call_id, output=result, timings_ms=timings)))
+        except Exception as exc:
+            timings["execution"] = (time.perf_counter() - t0) * 1000
+            err = CallError(call_id=msg.call_id, error=format_error(exc), timings_ms=timings)
+            self.conn.send(dump(err))
+
+
+def _check_json(value: Any) -> None:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"the function produced a {type(value).__name__}, which is not JSON ({exc}); "
+            "return or yield dict, list, str, int, float, bool or None"
+        ) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="worker.replica_child")
+    parser.add_argument("--fd", type=int, required=True, help="inherited socket fd")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--spawned-at", type=float, default=T_ENTRY_S)
+    args = parser.parse_args(argv)
+    sock = socket.socket(fileno=args.fd)
+    phases = _generic_start(args.device, args.spawned_at)
+
+    from worker.child_protocol import Hello, dump
+    from worker.frames import FrameSocket
+
+    conn = FrameSocket(sock)
+    conn.send(dump(Hello(pid=os.getpid(), device=args.device, phases_ms=phases)))
+    ChildServer(conn).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: call threads may still be running user code,
+    # and the agent already considers this replica gone.
+    os._exit(code)

@@ -1,0 +1,100 @@
+"""The runtime interface: how the agent starts, calls and stops replicas.
+
+A runtime turns a ``ReplicaSpec`` into a running replica (a process, a
+container) and hands back a ``ReplicaHandle``. The agent never learns how
+the replica runs; a Docker runtime implements the same two classes.
+
+Guarantees every implementation keeps:
+
+- ``Runtime.start`` returns only a ready replica (``setup`` done), or raises
+  ``ReplicaStartError`` with the error and the phases measured so far; a
+  failed start leaves nothing running.
+- ``ReplicaHandle.call`` yields zero or more ``output`` updates, then
+  exactly one final update (``succeeded``, ``failed`` or ``timeout``), and
+  never raises for anything the function or its process did.
+- A call past its deadline kills the replica (its process can be stuck in
+  native code that no signal short of kill stops); the call ends as
+  ``timeout`` and every other call on that replica as ``failed``.
+- When a replica dies other than through ``stop``, ``on_exit(replica_id,
+  reason)`` is called once, from a runtime thread.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from worker.child_protocol import ReplicaSpec
+
+UpdateKind = Literal["output", "succeeded", "failed", "timeout"]
+OnExit = Callable[[str, str], None]
+
+
+class ReplicaStartError(Exception):
+    """A replica could not be started; ``phases_ms`` holds what was measured."""
+
+    def __init__(self, message: str, phases_ms: dict[str, float] | None = None) -> None:
+        super().__init__(message)
+        self.phases_ms = phases_ms or {}
+
+
+@dataclass(frozen=True)
+class CallRequest:
+    call_id: str
+    input: Any = None
+    adapter: str | None = None
+    attempt: int = 1
+    timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class CallUpdate:
+    kind: UpdateKind
+    output: Any = None
+    error: str | None = None
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def final(self) -> bool:
+        return self.kind != "output"
+
+
+class ReplicaHandle(abc.ABC):
+    """One running replica."""
+
+    replica_id: str
+    phases_ms: dict[str, float]
+
+    @abc.abstractmethod
+    def call(self, request: CallRequest) -> Iterator[CallUpdate]:
+        """Run one call; see the module docstring for what is yielded."""
+
+    @abc.abstractmethod
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stop the replica: ask it to exit, kill it after ``grace_s``. Idempotent."""
+
+    @abc.abstractmethod
+    def kill(self, reason: str) -> None:
+        """Kill the replica now; outstanding calls end as failed with ``reason``."""
+
+    @property
+    @abc.abstractmethod
+    def alive(self) -> bool: ...
+
+    @property
+    @abc.abstractmethod
+    def outstanding_calls(self) -> int: ...
+
+
+class Runtime(abc.ABC):
+    """Starts replicas of one kind (processes, containers)."""
+
+    @abc.abstractmethod
+    def start(self, spec: ReplicaSpec, on_exit: OnExit) -> ReplicaHandle:
+        """Start and specialize a replica; block until it is ready."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release what the runtime holds (warm processes); replicas are stopped by the agent."""

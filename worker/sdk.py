@@ -1,0 +1,116 @@
+"""The function SDK: what a thaw function is, and what it is given.
+
+A function is a class named by ``entry = "module:ClassName"`` in its
+``thaw.toml``. The worker imports the module from the function's code
+bundle, makes one instance per replica with no arguments, and then::
+
+    class Generate:
+        def setup(self, ctx: thaw.Context) -> None:
+            # Runs once per replica, before it takes calls.
+            # ctx.device   "cpu" or "cuda"
+            # ctx.weights  {tensor name: torch.Tensor}, already streamed by the
+            #              snapshotter onto ctx.device (None-free: {} without a model)
+            # ctx.config   the model's config.json as a dict ({} without one)
+            # ctx.files    a directory holding the model's small non-tensor files
+            #              (tokenizer.json, generation_config.json, ...)
+            # ctx.adapters {adapter name: Adapter(tensors, config)} for every LoRA
+            #              adapter named in the spec, tensors on ctx.device
+            ...
+
+        def __call__(self, input, call=None):
+            # input: the request's JSON value.
+            # call (optional second parameter): CallContext with call_id and
+            #   adapter (the adapter name the request asked for, or None).
+            # Return a JSON value, or yield JSON values (a generator) to stream
+            # them to the caller as they are produced.
+            ...
+
+Contract:
+
+- ``setup`` runs exactly once, on the replica's own process, before the
+  first call; an exception in it fails the replica start (the error and its
+  traceback tail are reported) and no call reaches ``__call__``.
+- ``__call__`` may run on several threads at once when the function's
+  target concurrency is above one; guard shared mutable state yourself.
+- An exception in ``__call__`` ends that call as failed with the message
+  and the tail of the traceback; the replica stays up and takes more calls.
+- A call that runs past its timeout has its replica process killed; do not
+  rely on ``finally`` blocks running in that case.
+- The weights dict is owned by the function from ``setup`` on: the worker
+  keeps no other reference, so a model may adopt the tensors
+  (``module.load_state_dict(ctx.weights, assign=True)``) without a copy.
+- Return values and yielded chunks must be JSON-serializable (dict, list,
+  str, int, float, bool, None); anything else fails the call.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["Adapter", "CallContext", "Context", "Function", "accepts_call_context", "is_stream"]
+
+
+@dataclass
+class Adapter:
+    """One LoRA adapter: its tensors (PEFT key names) and ``adapter_config.json``."""
+
+    name: str
+    tensors: dict[str, Any]
+    config: dict[str, Any]
+
+
+@dataclass
+class Context:
+    """What ``setup`` receives. See the module docstring for each field."""
+
+    device: str
+    weights: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    files: Path | None = None
+    adapters: dict[str, Adapter] = field(default_factory=dict)
+    function: str = ""
+    replica_id: str = ""
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """What ``__call__`` may receive as its second argument."""
+
+    call_id: str
+    adapter: str | None = None
+    attempt: int = 1
+
+
+@runtime_checkable
+class Function(Protocol):
+    """The shape the worker expects; subclassing is optional."""
+
+    def setup(self, ctx: Context) -> None: ...
+
+    def __call__(self, input: Any, *args: Any) -> Any: ...
+
+
+def accepts_call_context(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn(input, call)`` is allowed, i.e. it takes a second argument."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [
+        p
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    has_var = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+    return has_var or len(positional) >= 2
+
+
+def is_stream(result: Any) -> bool:
+    """Whether a return value is to be streamed chunk by chunk."""
+    return inspect.isgenerator(result) or (
+        isinstance(result, Iterator) and not isinstance(result, str | bytes | dict | list)
+    )

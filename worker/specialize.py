@@ -1,0 +1,143 @@
+"""Turn a generic replica process into one function's replica.
+
+Runs in the child, after the generic start. Steps, each timed as the cold
+start phase of the same name: load the code (``imports``), stream the
+model's weights (``weights_fetch``, ``weights_to_device``), load the
+adapters (``adapters``), run the user's ``setup`` (``user_setup``).
+
+On any failure ``SpecializeError`` carries the message, the traceback tail
+and the phases measured up to that point.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from worker.artifacts import LoadedWeights, load_weights, materialize, open_registry, read_json_file
+from worker.child_protocol import ReplicaSpec
+from worker.sdk import Adapter, Context, accepts_call_context
+
+TRACEBACK_TAIL_LINES = 12
+MAX_ERROR_CHARS = 4000
+
+
+class SpecializeError(Exception):
+    def __init__(self, message: str, phases_ms: dict[str, float]) -> None:
+        super().__init__(message)
+        self.phases_ms = phases_ms
+
+
+@dataclass
+class Specialized:
+    """A ready replica: the user's instance and how to call it."""
+
+    instance: Any
+    ctx: Context
+    pass_call_context: bool
+    phases_ms: dict[str, float] = field(default_factory=dict)
+
+
+def format_error(exc: BaseException) -> str:
+    """``Type: message`` then the last lines of the traceback, capped in size."""
+    tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    tail = "".join(tb).rstrip().splitlines()[-TRACEBACK_TAIL_LINES:]
+    text = f"{type(exc).__name__}: {exc}\n" + "\n".join(tail)
+    return text[-MAX_ERROR_CHARS:]
+
+
+@contextmanager
+def _phase(phases_ms: dict[str, float], name: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases_ms[name] = phases_ms.get(name, 0.0) + (time.perf_counter() - t0) * 1000
+
+
+def specialize(spec: ReplicaSpec) -> Specialized:
+    """Load code, weights and adapters and run ``setup``. Raises ``SpecializeError``."""
+    phases_ms: dict[str, float] = {}
+    try:
+        return _specialize(spec, phases_ms)
+    except Exception as exc:
+        raise SpecializeError(format_error(exc), phases_ms) from exc
+
+
+def _specialize(spec: ReplicaSpec, phases_ms: dict[str, float]) -> Specialized:
+    os.environ.update(spec.env)  # the function's declared environment, for its own code
+    with _phase(phases_ms, "imports"):
+        cls = load_entry(code_dir(spec), spec.entry)
+    ctx = Context(device=spec.device, function=spec.function, replica_id=spec.replica_id)
+    if spec.model_digest or spec.adapters:
+        _load_model_and_adapters(spec, ctx, phases_ms)
+    with _phase(phases_ms, "user_setup"):
+        instance = cls()
+        setup = getattr(instance, "setup", None)
+        if setup is not None:
+            setup(ctx)
+    if not callable(instance):
+        raise TypeError(f"{spec.entry} instances are not callable; define __call__(self, input)")
+    return Specialized(instance, ctx, accepts_call_context(instance.__call__), phases_ms)
+
+
+def code_dir(spec: ReplicaSpec) -> Path:
+    if spec.bundle_dir:
+        return Path(spec.bundle_dir)
+    if not spec.bundle_digest or spec.store is None:
+        raise ValueError("the replica spec names neither a bundle digest nor a code directory")
+    registry = open_registry(spec.store)
+    bundles = Path(spec.store.bundles_dir)
+    return materialize(registry, spec.bundle_digest, bundles, include_tensors=True)
+
+
+def load_entry(directory: Path, entry: str) -> type:
+    """Import ``module:ClassName`` from ``directory``."""
+    module_name, sep, class_name = entry.partition(":")
+    if not sep or not module_name or not class_name:
+        raise ValueError(f"entry {entry!r} is not 'module:ClassName'")
+    sys.path.insert(0, str(directory))
+    module = importlib.import_module(module_name)
+    try:
+        cls = getattr(module, class_name)
+    except AttributeError:
+        raise AttributeError(
+            f"module {module_name!r} in the bundle has no {class_name!r}; "
+            "check `entry` in thaw.toml"
+        ) from None
+    if not isinstance(cls, type):
+        raise TypeError(f"{entry} is a {type(cls).__name__}, expected a class")
+    return cls
+
+
+def _load_model_and_adapters(spec: ReplicaSpec, ctx: Context, phases_ms: dict[str, float]) -> None:
+    if spec.store is None:
+        raise ValueError("the replica spec names a model but no store to read it from")
+    registry = open_registry(spec.store)
+    if spec.model_digest:
+        files_root = Path(spec.store.bundles_dir) / "models"
+        ctx.files = materialize(registry, spec.model_digest, files_root)
+        manifest = registry.get_manifest(spec.model_digest)
+        ctx.config = read_json_file(registry, manifest, "config.json")
+        weights = load_weights(registry, spec.store, spec.model_digest, spec.device)
+        _add_phases(phases_ms, weights)
+        ctx.weights = weights.tensors
+    with _phase(phases_ms, "adapters"):
+        for ref in spec.adapters:
+            loaded = load_weights(registry, spec.store, ref.digest, spec.device)
+            manifest = registry.get_manifest(ref.digest)
+            config = read_json_file(registry, manifest, "adapter_config.json")
+            ctx.adapters[ref.name] = Adapter(ref.name, loaded.tensors, config)
+
+
+def _add_phases(phases_ms: dict[str, float], weights: LoadedWeights) -> None:
+    for name, ms in weights.phases_ms.items():
+        phases_ms[name] = phases_ms.get(name, 0.0) + ms
