@@ -1,0 +1,42 @@
+"""What every service needs, built once per process and passed down."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from control_plane.clock import Clock
+from control_plane.db.session import Database
+from control_plane.dispatch.base import Dispatcher
+from control_plane.metrics import Metrics
+from control_plane.notifier import Notifier
+from control_plane.services.bundles import BundleValidator
+from control_plane.settings import Settings
+from snapshotter.registry import Registry
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Database
+    dispatcher: Dispatcher
+    notifier: Notifier
+    metrics: Metrics
+    clock: Clock
+    registry_factory: Callable[[], Registry]
+    validate_bundle: BundleValidator
+    # Serializes scaling and dispatch decisions within this process, so two
+    # threads do not both start a replica for the same queued call.
+    reconcile_lock: threading.RLock = field(default_factory=threading.RLock)
+    _registry: Registry | None = None
+
+    @property
+    def registry(self) -> Registry:
+        if self._registry is None:
+            self._registry = self.registry_factory()
+        return self._registry
+
+    @property
+    def worker_lost_after_s(self) -> float:
+        return self.settings.heartbeat_interval_s * self.settings.worker_lost_after_heartbeats

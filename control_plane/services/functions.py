@@ -1,0 +1,214 @@
+"""Functions and their versions: deploy, show, list, delete, roll back.
+
+A deploy checks everything before it writes: the model and adapters resolve
+in the store with the right kind (else 400 naming the missing one), the
+bundle exists, and its entry imports (``services.bundles``). Only then is a
+new version stored and made active, so a bad deploy never replaces a
+serving version. Replicas of older versions are drained by the reconciler.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from control_plane.db.models import Call, Function, FunctionVersion
+from control_plane.errors import BadRequestError, NotFoundError
+from control_plane.services.bundles import BundleValidator
+from control_plane.services.states import NON_FINAL_CALL_STATES
+from control_plane.spec import FunctionSpec
+from snapshotter.errors import NotFoundError as StoreNotFound
+from snapshotter.errors import SnapshotterError
+from snapshotter.manifest import ArtifactKind
+from snapshotter.registry import Registry
+
+
+@dataclass(frozen=True)
+class ResolvedAdapter:
+    name: str
+    ref: str
+    digest: str
+
+
+@dataclass(frozen=True)
+class ActiveVersion:
+    """What the scheduler and dispatcher need of a function's live version."""
+
+    name: str
+    version: int
+    spec: FunctionSpec
+    model_digest: str | None
+    adapters: list[ResolvedAdapter]
+
+
+@dataclass(frozen=True)
+class FunctionInfo:
+    name: str
+    version: int | None
+    versions: list[int]
+    spec: dict[str, Any] | None
+    model_digest: str | None
+    created_at: float
+
+
+def _resolve(registry: Registry, ref: str, kind: ArtifactKind, what: str) -> str:
+    try:
+        digest = registry.resolve(ref)
+        manifest = registry.get_manifest(digest)
+    except StoreNotFound:
+        raise BadRequestError(
+            f"{what} {ref} is not in the store; push it with `thaw models push DIR {ref}`"
+        ) from None
+    except SnapshotterError as exc:
+        raise BadRequestError(f"{what} {ref}: {exc}") from None
+    if manifest.kind != kind:
+        raise BadRequestError(f"{what} {ref} is a {manifest.kind.value}, not a {kind.value}")
+    return digest
+
+
+def deploy(
+    session: Session, registry: Registry, validate: BundleValidator, spec: FunctionSpec, now: float
+) -> FunctionInfo:
+    """Check ``spec`` fully, then store it as the function's new active version."""
+    model_digest = None
+    if spec.model:
+        model_digest = _resolve(registry, spec.model, ArtifactKind.MODEL, "model")
+    adapters = [
+        ResolvedAdapter(a.name, a.ref, _resolve(registry, a.ref, ArtifactKind.ADAPTER, "adapter"))
+        for a in spec.adapters
+    ]
+    _resolve(registry, spec.bundle, ArtifactKind.BUNDLE, "code bundle")
+    validate(registry, spec.bundle, spec.entry)
+    fn = session.scalars(select(Function).where(Function.name == spec.name)).first()
+    if fn is None:
+        fn = Function(name=spec.name, created_at=now)
+        session.add(fn)
+        session.flush()
+    latest = session.scalar(
+        select(func.max(FunctionVersion.version)).where(FunctionVersion.function_id == fn.id)
+    )
+    version = (latest or 0) + 1
+    session.add(
+        FunctionVersion(
+            function_id=fn.id,
+            version=version,
+            spec_json=spec.model_dump_json(),
+            model_digest=model_digest,
+            adapters_json=json.dumps([a.__dict__ for a in adapters]),
+            created_at=now,
+        )
+    )
+    fn.active_version = version
+    session.flush()
+    return show(session, spec.name)
+
+
+def _get(session: Session, name: str) -> Function:
+    fn = session.scalars(select(Function).where(Function.name == name)).first()
+    if fn is None:
+        raise NotFoundError(f"no function {name!r}; deploy it with `thaw deploy DIR`")
+    return fn
+
+
+def _version_row(session: Session, fn: Function, version: int) -> FunctionVersion:
+    row = session.scalars(
+        select(FunctionVersion).where(
+            FunctionVersion.function_id == fn.id, FunctionVersion.version == version
+        )
+    ).first()
+    if row is None:
+        raise NotFoundError(f"function {fn.name} has no version {version}")
+    return row
+
+
+def active(session: Session, name: str) -> ActiveVersion:
+    """The live version of ``name``. Raises ``NotFoundError``."""
+    fn = _get(session, name)
+    if fn.active_version is None:
+        raise NotFoundError(f"function {name} has no active version; deploy it")
+    row = _version_row(session, fn, fn.active_version)
+    adapters = [ResolvedAdapter(**a) for a in json.loads(row.adapters_json)]
+    spec = FunctionSpec.model_validate_json(row.spec_json)
+    return ActiveVersion(name, row.version, spec, row.model_digest, adapters)
+
+
+def show(session: Session, name: str) -> FunctionInfo:
+    fn = _get(session, name)
+    versions = list(
+        session.scalars(
+            select(FunctionVersion.version)
+            .where(FunctionVersion.function_id == fn.id)
+            .order_by(FunctionVersion.version)
+        )
+    )
+    spec = None
+    model_digest = None
+    if fn.active_version is not None:
+        row = _version_row(session, fn, fn.active_version)
+        spec, model_digest = json.loads(row.spec_json), row.model_digest
+    return FunctionInfo(fn.name, fn.active_version, versions, spec, model_digest, fn.created_at)
+
+
+def list_functions(session: Session) -> list[FunctionInfo]:
+    names = session.scalars(select(Function.name).order_by(Function.name)).all()
+    return [show(session, n) for n in names]
+
+
+def names(session: Session) -> list[str]:
+    return list(session.scalars(select(Function.name).order_by(Function.name)))
+
+
+def delete(session: Session, name: str, now: float) -> list[str]:
+    """Remove the function and its versions; its unfinished calls end cancelled.
+
+    Returns the ids of the calls it cancelled (their waiters need waking).
+    """
+    fn = _get(session, name)
+    call_ids = list(
+        session.scalars(
+            select(Call.id).where(Call.function == name, Call.status.in_(NON_FINAL_CALL_STATES))
+        )
+    )
+    session.execute(
+        update(Call)
+        .where(Call.function == name, Call.status.in_(NON_FINAL_CALL_STATES))
+        .values(status="cancelled", error="function deleted", finished_at=now, cancel_pending=True)
+    )
+    session.delete(fn)
+    session.flush()
+    return call_ids
+
+
+def rollback(session: Session, name: str, version: int | None) -> FunctionInfo:
+    """Make ``version`` (default: the one before the active one) active again."""
+    fn = _get(session, name)
+    if version is None:
+        older = [v for v in show(session, name).versions if v < (fn.active_version or 0)]
+        if not older:
+            raise BadRequestError(f"function {name} has no version before {fn.active_version}")
+        version = older[-1]
+    _version_row(session, fn, version)
+    fn.active_version = version
+    session.flush()
+    return show(session, name)
+
+
+def functions_using(session: Session, ref: str) -> list[str]:
+    """Functions whose active version names ``ref`` as model or adapter."""
+    rows = session.execute(
+        select(Function.name, FunctionVersion.spec_json).join(
+            FunctionVersion,
+            (FunctionVersion.function_id == Function.id)
+            & (FunctionVersion.version == Function.active_version),
+        )
+    ).all()
+    out = []
+    for name, spec_json in rows:
+        spec = FunctionSpec.model_validate_json(spec_json)
+        if spec.model == ref or any(a.ref == ref for a in spec.adapters):
+            out.append(name)
+    return sorted(out)

@@ -1,0 +1,85 @@
+"""A function's deployment spec: what ``thaw deploy`` sends and each version stores.
+
+On disk, next to the code, as ``thaw.toml`` (or ``thaw.yaml`` with the same keys)::
+
+    name = "echo"                  # [a-z0-9-], unique per installation
+    entry = "app:Echo"             # module:Class inside the code directory
+    model = "llama-tiny:v1"        # optional NAME:TAG of a pushed model
+    device = "any"                 # cpu | cuda | any
+    timeout_s = 60                 # per call, seconds
+    retries = 1                    # re-runs when a worker is lost mid-call
+
+    [[adapters]]                   # optional LoRA adapters, preloaded
+    name = "fr"                    # what callers pass as "adapter"
+    ref = "llama-fr:v1"            # NAME:TAG of a pushed adapter
+
+    [scaling]
+    min_replicas = 0
+    max_replicas = 2
+    idle_timeout_s = 300
+    target_concurrency = 4         # calls in flight per replica before scaling up
+
+    [env]                          # passed to the replica process
+    MY_FLAG = "1"
+
+``thaw deploy DIR`` pushes DIR to the store as a bundle artifact (through the
+snapshotter; ``thaw.toml`` included) and sends the spec with ``bundle`` set
+to the bundle's manifest digest. The API never receives code itself.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+ENTRY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class Scaling(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    min_replicas: int = Field(default=0, ge=0, le=64)
+    max_replicas: int = Field(default=1, ge=0, le=64)
+    idle_timeout_s: float = Field(default=300.0, ge=0, le=86400)
+    target_concurrency: int = Field(default=1, ge=1, le=1024)
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> Scaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"scaling.min_replicas ({self.min_replicas}) exceeds max_replicas "
+                f"({self.max_replicas})"
+            )
+        return self
+
+
+class AdapterRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN)
+    ref: str = Field(min_length=1, max_length=300, description="NAME:TAG of a pushed adapter")
+
+
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN)
+    bundle: str = Field(pattern=r"^blake3:[0-9a-f]{64}$", description="bundle manifest digest")
+    entry: str = Field(pattern=ENTRY_PATTERN)
+    model: str | None = Field(default=None, min_length=1, max_length=300)
+    adapters: list[AdapterRef] = Field(default_factory=list, max_length=64)
+    device: Literal["cpu", "cuda", "any"] = "any"
+    scaling: Scaling = Field(default_factory=lambda: Scaling())
+    timeout_s: float = Field(default=300.0, gt=0, le=86400)
+    retries: int = Field(default=0, ge=0, le=10)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _unique_adapter_names(self) -> FunctionSpec:
+        names = [a.name for a in self.adapters]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"adapter names must be unique; repeated: {', '.join(dupes)}")
+        return self
