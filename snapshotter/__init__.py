@@ -1,0 +1,62 @@
+"""thaw's snapshotter: artifacts as manifests + content-addressed chunks.
+
+Load side (imported lazily, so ``import snapshotter`` does not import torch)::
+
+    from snapshotter import Snapshotter, DiskCache
+    snap = Snapshotter(registry, DiskCache(cache_config), loader_config)
+    tensors = snap.load("llama-tiny:v1", "cuda")      # dict name -> tensor, .report
+    snap.load_into_module(meta_model, "llama-tiny:v1", "cuda")
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from snapshotter.cache import CacheInventory, DiskCache
+    from snapshotter.loader import (
+        LoadedTensors,
+        LoadReport,
+        Snapshotter,
+        load,
+        load_into_module,
+    )
+    from snapshotter.module_fill import ModuleLoadResult
+    from snapshotter.profile import ModuleAccessRecorder, record_access
+    from snapshotter.source import ChunkSource
+
+_LAZY = {
+    "CacheInventory": "snapshotter.cache",
+    "DiskCache": "snapshotter.cache",
+    "ChunkSource": "snapshotter.source",
+    "LoadReport": "snapshotter.loader",
+    "LoadedTensors": "snapshotter.loader",
+    "Snapshotter": "snapshotter.loader",
+    "load": "snapshotter.loader",
+    "load_into_module": "snapshotter.loader",
+    "ModuleLoadResult": "snapshotter.module_fill",
+    "ModuleAccessRecorder": "snapshotter.profile",
+    "record_access": "snapshotter.profile",
+}
+
+__all__ = [
+    "CacheInventory",
+    "ChunkSource",
+    "DiskCache",
+    "LoadReport",
+    "LoadedTensors",
+    "ModuleAccessRecorder",
+    "ModuleLoadResult",
+    "Snapshotter",
+    "load",
+    "load_into_module",
+    "record_access",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'snapshotter' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,273 @@
+"""Load an artifact's tensors: ``Snapshotter(registry, cache, config).load(ref, device)``.
+
+The result is what ``safetensors.torch.load_file`` gives (name -> tensor,
+every tensor of every shard) plus a ``.report``. Each safetensors file is
+placed into ONE buffer per load (``torch.empty(data_bytes, uint8)`` on the
+target device) and its tensors are views of it (a copy only for a tensor
+misaligned for its dtype). The buffers belong to the returned tensors; the
+loader keeps no reference.
+
+On the CPU every chunk is decoded straight into its place in the buffer (a
+raw cache hit is ``readinto`` the buffer); on CUDA it goes through pinned
+staging buffers and async copies (``snapshotter.loader_cuda``). Every chunk
+is verified against its digest before it is used (see ``snapshotter.source``).
+
+On failure no tensor is returned: ``IntegrityError`` names the artifact and
+the chunk. The pipeline is ``snapshotter.pipeline``; the plan (which chunk
+goes where, in which order) is ``snapshotter.load_plan``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from snapshotter.cache import DiskCache
+from snapshotter.config import LoaderConfig
+from snapshotter.errors import IntegrityError
+from snapshotter.load_plan import ChunkWork, LoadPlan, plan_load, tensor_view
+from snapshotter.manifest import Manifest
+from snapshotter.pipeline import StageTotals, Target, run_pipeline
+from snapshotter.registry import Reference, Registry
+from snapshotter.source import ChunkSource
+
+if TYPE_CHECKING:
+    from snapshotter.loader_cuda import StagingPool
+    from snapshotter.module_fill import ModuleLoadResult
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """One stage: bytes it handled and thread-busy seconds summed over chunks."""
+
+    bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    ref: str
+    manifest_digest: str
+    device: str
+    tensor_bytes: int
+    chunks: int
+    fetch: StageReport  # stored bytes from cache or store
+    verify_decompress: StageReport  # raw bytes decoded and hashed
+    place: StageReport  # raw bytes put in the buffers (CPU: decoded in place; CUDA: H2D copy)
+    cache_hit_bytes: int  # stored bytes served by the disk cache
+    store_bytes: int  # stored bytes fetched from the store
+    cache_hits: int
+    store_gets: int
+    peak_inflight_bytes: int
+    setup_s: float  # resolve, manifest, plan, buffer allocation
+    wall_s: float  # whole call
+
+    @property
+    def gb_per_s(self) -> float:
+        """Tensor bytes per wall second, in GB (1e9 bytes) per second."""
+        return self.tensor_bytes / self.wall_s / 1e9 if self.wall_s > 0 else 0.0
+
+
+class LoadedTensors(dict[str, torch.Tensor]):
+    """name -> tensor, with the load's ``report`` and ``manifest_digest``."""
+
+    report: LoadReport
+    manifest_digest: str
+
+
+class CpuPlacer:
+    """Chunks decode straight into the file buffers; duplicates are memcpy'd."""
+
+    def __init__(self, buffers: list[torch.Tensor]) -> None:
+        self._views = [b.numpy().data for b in buffers]
+
+    def target(self, work: ChunkWork) -> Target:
+        direct = work.direct
+        if direct is None:
+            return Target(memoryview(bytearray(work.chunk.size)))
+        begin = direct.dest_begin
+        return Target(self._views[direct.file_idx][begin : begin + work.chunk.size], direct)
+
+    def commit(self, work: ChunkWork, target: Target) -> None:
+        for p in work.placements:
+            if p is target.handle:
+                continue
+            dest = self._views[p.file_idx]
+            dest[p.dest_begin : p.dest_begin + p.nbytes] = target.view[p.src_begin : p.src_end]
+
+    def abandon(self, work: ChunkWork, target: Target) -> None:
+        return None
+
+
+class Snapshotter:
+    """The load side for one process: a chunk source, its config, staging pools."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        cache: DiskCache | None = None,
+        config: LoaderConfig | None = None,
+        *,
+        source: ChunkSource | None = None,
+    ) -> None:
+        self.registry = registry
+        self.config = config or LoaderConfig()
+        self.source = source or ChunkSource(registry, cache)
+        self._staging: dict[str, StagingPool] = {}
+
+    def resolve(self, ref: str | Reference) -> tuple[str, Manifest]:
+        digest = self.registry.resolve(ref)
+        return digest, self.registry.get_manifest(digest)
+
+    def prewarm(self, device: str | torch.device) -> None:
+        """Allocate the pinned staging pool for a CUDA device ahead of a load."""
+        dev = torch.device(device)
+        if dev.type == "cuda":
+            self._staging_pool(dev)
+
+    def load(
+        self, ref: str | Reference, device: str | torch.device = "cpu", *, use_profile: bool = True
+    ) -> LoadedTensors:
+        """Every tensor of the artifact on ``device``; see the module docstring."""
+        start = time.perf_counter()
+        dev = torch.device(device)
+        digest, manifest = self.resolve(ref)
+        order = self.registry.get_profile(digest) if use_profile else None
+        plan = plan_load(manifest, order)
+        buffers = [torch.empty(f.data_bytes, dtype=torch.uint8, device=dev) for f in plan.files]
+        setup_s = time.perf_counter() - start
+        try:
+            totals = self._run(plan, buffers, dev)
+        except IntegrityError as exc:
+            raise type(exc)(f"{ref}: {exc}") from exc
+        tensors = _views(plan, buffers)
+        tensors.manifest_digest = digest
+        tensors.report = _report(str(ref), digest, dev, plan, totals, setup_s, start)
+        return tensors
+
+    def load_into_module(
+        self,
+        module: torch.nn.Module,
+        ref: str | Reference,
+        device: str | torch.device = "cpu",
+        *,
+        strict: bool = True,
+    ) -> ModuleLoadResult:
+        """Fill a module built on the meta device; see ``snapshotter.module_fill``."""
+        from snapshotter.module_fill import fill_module
+
+        tensors = self.load(ref, device)
+        return fill_module(module, tensors, torch.device(device), strict=strict)
+
+    def _run(self, plan: LoadPlan, buffers: list[torch.Tensor], dev: torch.device) -> StageTotals:
+        if dev.type == "cpu":
+            return run_pipeline(plan.work, self.source, CpuPlacer(buffers), self.config)
+        if dev.type != "cuda":
+            raise ValueError(f"cannot load to device {dev}; use 'cpu' or 'cuda[:N]'")
+        from snapshotter.loader_cuda import CudaPlacer
+
+        placer = CudaPlacer(buffers, self._staging_pool(dev))
+        try:
+            totals = run_pipeline(plan.work, self.source, placer, self.config)
+        finally:
+            sync_s = placer.finish()
+        totals.place_s += sync_s
+        return totals
+
+    def _staging_pool(self, dev: torch.device) -> StagingPool:
+        from snapshotter.loader_cuda import StagingPool, staging_shape
+
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        key = str(dev)
+        if key not in self._staging:
+            slot_bytes, slots = staging_shape(self.config)
+            self._staging[key] = StagingPool(slot_bytes, slots)
+        return self._staging[key]
+
+
+def _views(plan: LoadPlan, buffers: list[torch.Tensor]) -> LoadedTensors:
+    out = LoadedTensors()
+    owner: dict[str, str] = {}
+    for f, buf in zip(plan.files, buffers, strict=True):
+        for t in f.tensors:
+            if t.name in owner:
+                raise IntegrityError(
+                    f"tensor {t.name!r} appears in both {owner[t.name]} and {f.path}"
+                )
+            owner[t.name] = f.path
+            out[t.name] = tensor_view(buf, t)
+    return out
+
+
+def _report(
+    ref: str,
+    digest: str,
+    dev: torch.device,
+    plan: LoadPlan,
+    t: StageTotals,
+    setup_s: float,
+    start: float,
+) -> LoadReport:
+    return LoadReport(
+        ref=ref,
+        manifest_digest=digest,
+        device=str(dev),
+        tensor_bytes=plan.data_bytes,
+        chunks=t.chunks,
+        fetch=StageReport(t.fetch_bytes, t.fetch_s),
+        verify_decompress=StageReport(t.decode_bytes, t.decode_s),
+        place=StageReport(t.place_bytes, t.place_s),
+        cache_hit_bytes=t.cache_hit_bytes,
+        store_bytes=t.store_bytes,
+        cache_hits=t.cache_hits,
+        store_gets=t.store_gets,
+        peak_inflight_bytes=t.peak_inflight_bytes,
+        setup_s=setup_s,
+        wall_s=time.perf_counter() - start,
+    )
+
+
+def load(
+    ref: str | Reference,
+    device: str | torch.device = "cpu",
+    *,
+    registry: Registry | None = None,
+    source: ChunkSource | None = None,
+    cache: DiskCache | None = None,
+    config: LoaderConfig | None = None,
+) -> LoadedTensors:
+    """One-shot ``Snapshotter(...).load``; give ``registry`` or ``source``."""
+    return _one_shot(registry, source, cache, config).load(ref, device)
+
+
+def load_into_module(
+    module: torch.nn.Module,
+    ref: str | Reference,
+    device: str | torch.device = "cpu",
+    *,
+    registry: Registry | None = None,
+    source: ChunkSource | None = None,
+    cache: DiskCache | None = None,
+    config: LoaderConfig | None = None,
+    strict: bool = True,
+) -> ModuleLoadResult:
+    """One-shot ``Snapshotter(...).load_into_module``."""
+    snap = _one_shot(registry, source, cache, config)
+    return snap.load_into_module(module, ref, device, strict=strict)
+
+
+def _one_shot(
+    registry: Registry | None,
+    source: ChunkSource | None,
+    cache: DiskCache | None,
+    config: LoaderConfig | None,
+) -> Snapshotter:
+    if source is not None:
+        return Snapshotter(source.registry, config=config, source=source)
+    if registry is None:
+        raise TypeError("load() needs registry= (or source=) to know where artifacts live")
+    return Snapshotter(registry, cache, config)

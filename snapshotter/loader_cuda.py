@@ -1,0 +1,131 @@
+"""The CUDA half of the loader: pinned staging ring and async copies.
+
+::
+
+    fetch pool:   slot = pool.acquire(chunk.size)      # pinned host memory
+                  cache hit (raw) -> readinto slot / store get
+    decode pool:  decode into slot, blake3(slot)        # verified on the host
+                  with copy_stream: dev_buf[...].copy_(slot[...], non_blocking=True)
+                  event.record(copy_stream); pool.release_after(slot, event)
+    end:          copy_stream.synchronize()
+
+Slots return to the pool only when the event of their last copy has
+completed, so a slot is never overwritten while the GPU still reads it.
+The pool is allocated once (``Snapshotter.prewarm(device)`` lets a pre-warmed
+process do it before any request) and reused by every later load. A chunk
+larger than a slot gets a one-off pinned buffer, dropped after its copy.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+import torch
+
+from snapshotter.config import LoaderConfig
+from snapshotter.load_plan import ChunkWork
+from snapshotter.pipeline import Target
+
+_MIN_SLOTS = 2
+
+
+def staging_shape(config: LoaderConfig) -> tuple[int, int]:
+    """(slot bytes, slot count) for a config: chunk-sized slots covering the in-flight cap."""
+    slot_bytes = config.chunk_size_bytes
+    return slot_bytes, max(_MIN_SLOTS, config.max_inflight_bytes // slot_bytes)
+
+
+class StagingPool:
+    """Pinned host buffers, recycled by CUDA events. Thread-safe."""
+
+    def __init__(self, slot_bytes: int, slots: int) -> None:
+        self.slot_bytes = slot_bytes
+        self._slots = [
+            torch.empty(slot_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(slots)
+        ]
+        self._owned = {id(s) for s in self._slots}
+        self._free = list(self._slots)
+        self._pending: collections.deque[tuple[torch.cuda.Event, torch.Tensor]] = (
+            collections.deque()
+        )
+        self._cond = threading.Condition()
+
+    @property
+    def slots(self) -> int:
+        return len(self._slots)
+
+    def acquire(self, nbytes: int) -> torch.Tensor:
+        """A pinned buffer of at least ``nbytes``; blocks while every slot is busy."""
+        if nbytes > self.slot_bytes:
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        while True:
+            with self._cond:
+                self._reap()
+                if self._free:
+                    return self._free.pop()
+                oldest = self._pending[0] if self._pending else None
+                if oldest is None:
+                    self._cond.wait()
+                    continue
+            # Wait for the oldest copy outside the lock, then retry.
+            oldest[0].synchronize()
+
+    def release_after(self, slot: torch.Tensor, event: torch.cuda.Event) -> None:
+        """Give ``slot`` back once ``event`` (its last copy) has completed."""
+        if id(slot) not in self._owned:
+            return  # one-off buffer: the caching host allocator frees it after the copy
+        with self._cond:
+            self._pending.append((event, slot))
+            self._cond.notify_all()
+
+    def release(self, slot: torch.Tensor) -> None:
+        """Give back a slot no copy reads (after a failure)."""
+        if id(slot) not in self._owned:
+            return
+        with self._cond:
+            self._free.append(slot)
+            self._cond.notify_all()
+
+    def _reap(self) -> None:
+        while self._pending and self._pending[0][0].query():
+            self._free.append(self._pending.popleft()[1])
+
+
+class CudaPlacer:
+    """Decode into pinned staging slots; copy to the device buffers on a copy stream."""
+
+    def __init__(self, buffers: list[torch.Tensor], pool: StagingPool) -> None:
+        self._buffers = buffers
+        self._pool = pool
+        device = next((b.device for b in buffers), torch.device("cuda"))
+        self._stream = torch.cuda.Stream(device=device)
+        # The buffers were allocated on the current stream; copies must follow that.
+        self._stream.wait_stream(torch.cuda.current_stream(device))
+
+    def target(self, work: ChunkWork) -> Target:
+        slot = self._pool.acquire(work.chunk.size)
+        return Target(slot.numpy().data[: work.chunk.size], slot)
+
+    def commit(self, work: ChunkWork, target: Target) -> None:
+        slot = target.handle
+        assert isinstance(slot, torch.Tensor)
+        with torch.cuda.stream(self._stream):
+            for p in work.placements:
+                dest = self._buffers[p.file_idx][p.dest_begin : p.dest_begin + p.nbytes]
+                dest.copy_(slot[p.src_begin : p.src_end], non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        self._pool.release_after(slot, event)
+
+    def abandon(self, work: ChunkWork, target: Target) -> None:
+        slot = target.handle
+        assert isinstance(slot, torch.Tensor)
+        self._pool.release(slot)
+
+    def finish(self) -> float:
+        """Wait for every copy; returns the seconds spent waiting."""
+        start = time.perf_counter()
+        self._stream.synchronize()
+        return time.perf_counter() - start

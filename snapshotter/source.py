@@ -1,0 +1,205 @@
+"""Where a chunk's bytes come from: the disk cache in front of the store.
+
+A chunk goes through two stages, so the loader can run them in separate
+thread pools (I/O-bound fetches, CPU-bound verification)::
+
+    fetch(chunk, dest)           cache hit, raw:  read straight into dest
+                                 cache hit, zstd: decode into dest
+                                 miss:            store get -> framed bytes
+    finish(fetched, dest)        decode store bytes into dest (capped),
+                                 verify blake3(dest) == chunk digest,
+                                 write a verified store object through to the cache
+
+Failures: a cache entry whose frame or digest is wrong is dropped and the
+chunk is fetched again from the store (counted in ``cache_corrupt``); a
+store object that fails verification raises ``IntegrityError`` naming the
+chunk digest, and is never written to the cache. A cache that cannot take a
+write (full disk) does not fail the load: the chunk is used, the write is
+counted in ``cache_write_errors``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from dataclasses import dataclass, fields
+
+from snapshotter import codec
+from snapshotter.cache import DiskCache
+from snapshotter.digest import digest_bytes
+from snapshotter.errors import IntegrityError, StoreError
+from snapshotter.manifest import ChunkRef
+from snapshotter.registry import Registry
+
+log = logging.getLogger(__name__)
+
+
+class Tier(enum.StrEnum):
+    CACHE = "cache"
+    STORE = "store"
+
+
+@dataclass
+class SourceCounters:
+    """Cumulative over the source's life; read with ``ChunkSource.counters()``."""
+
+    store_gets: int = 0
+    store_bytes: int = 0
+    cache_hits: int = 0
+    cache_hit_bytes: int = 0
+    cache_misses: int = 0
+    cache_corrupt: int = 0
+    cache_write_errors: int = 0
+
+
+@dataclass
+class Fetched:
+    """A chunk after the fetch stage. ``obj`` is None when ``dest`` already holds it."""
+
+    chunk: ChunkRef
+    tier: Tier
+    obj: bytes | None
+    fetch_s: float
+    fetched_bytes: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    tier: Tier
+    decode_s: float
+    refetch_s: float
+
+
+class ChunkSource:
+    """Cache tier in front of a registry's store. Thread-safe."""
+
+    def __init__(self, registry: Registry, cache: DiskCache | None = None) -> None:
+        self.registry = registry
+        self.cache = cache
+        self._lock = threading.Lock()
+        self._counters = SourceCounters()
+
+    def counters(self) -> SourceCounters:
+        with self._lock:
+            return SourceCounters(
+                **{f.name: getattr(self._counters, f.name) for f in fields(self._counters)}
+            )
+
+    def _count(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self._counters, name, getattr(self._counters, name) + delta)
+
+    # --- stage 1 -------------------------------------------------------------
+    def fetch(self, chunk: ChunkRef, dest: memoryview) -> Fetched:
+        """Bring a chunk close: into ``dest`` from the cache, or as bytes from the store."""
+        start = time.perf_counter()
+        if self.cache is not None and chunk.digest in self.cache:
+            hit = self._fetch_cached(chunk, dest)
+            if hit is not None:
+                hit.fetch_s = time.perf_counter() - start
+                return hit
+        if self.cache is not None:
+            self._count(cache_misses=1)
+        obj = self._get_stored(chunk)
+        return Fetched(chunk, Tier.STORE, obj, time.perf_counter() - start, len(obj))
+
+    def _fetch_cached(self, chunk: ChunkRef, dest: memoryview) -> Fetched | None:
+        # Raw entries go straight into dest; compressed ones are decoded in
+        # stage 2, on the decode pool, like store objects.
+        assert self.cache is not None
+        try:
+            if chunk.codec == codec.Codec.RAW.label:
+                found = self.cache.read_into(chunk, dest)
+                obj = None
+            else:
+                obj = self.cache.get(chunk.digest)
+                found = obj is not None
+        except IntegrityError as exc:
+            self._drop_corrupt(chunk, exc)
+            return None
+        if not found:
+            return None
+        self._count(cache_hits=1, cache_hit_bytes=chunk.stored_size)
+        return Fetched(chunk, Tier.CACHE, obj, 0.0, chunk.stored_size)
+
+    # --- stage 2 -------------------------------------------------------------
+    def finish(self, fetched: Fetched, dest: memoryview) -> Finished:
+        """Decode (if needed) and verify ``dest``; on return ``dest`` holds the chunk.
+
+        Raises ``IntegrityError`` (naming the chunk digest) when the store's
+        object is corrupt; ``dest`` is then undefined.
+        """
+        start = time.perf_counter()
+        chunk = fetched.chunk
+        refetch_s = 0.0
+        if fetched.tier is Tier.CACHE:
+            if self._cached_ok(fetched, dest):
+                return Finished(Tier.CACHE, time.perf_counter() - start, 0.0)
+            refetch_start = time.perf_counter()
+            obj = self._get_stored(chunk)
+            refetch_s = time.perf_counter() - refetch_start
+            fetched = Fetched(chunk, Tier.STORE, obj, refetch_s, len(obj))
+        assert fetched.obj is not None
+        self._decode_verified(fetched.obj, chunk, dest)
+        self._write_through(chunk, fetched.obj)
+        return Finished(Tier.STORE, time.perf_counter() - start - refetch_s, refetch_s)
+
+    def _cached_ok(self, fetched: Fetched, dest: memoryview) -> bool:
+        chunk = fetched.chunk
+        try:
+            if fetched.obj is not None:
+                codec.decode_into(fetched.obj, dest, chunk.size)
+            if _matches(dest, chunk):
+                return True
+            problem = IntegrityError("digest mismatch")
+        except IntegrityError as exc:
+            problem = exc
+        self._drop_corrupt(chunk, problem)
+        return False
+
+    def load_into(self, chunk: ChunkRef, dest: memoryview) -> Tier:
+        """Both stages in the calling thread."""
+        return self.finish(self.fetch(chunk, dest), dest).tier
+
+    # --- internals -----------------------------------------------------------
+    def _get_stored(self, chunk: ChunkRef) -> bytes:
+        obj = self.registry.get_chunk(chunk.digest)
+        self._count(store_gets=1, store_bytes=len(obj))
+        return obj
+
+    def _decode_verified(self, obj: bytes, chunk: ChunkRef, dest: memoryview) -> None:
+        try:
+            codec.decode_into(obj, dest, chunk.size)
+        except IntegrityError as exc:
+            raise type(exc)(
+                f"chunk {chunk.digest} from store {self.registry.store.url} is corrupt: {exc}"
+            ) from exc
+        if not _matches(dest, chunk):
+            raise IntegrityError(
+                f"chunk {chunk.digest} from store {self.registry.store.url} does not match its "
+                "digest; the store is corrupt: push the artifact again"
+            )
+
+    def _write_through(self, chunk: ChunkRef, obj: bytes) -> None:
+        if self.cache is None:
+            return
+        try:
+            self.cache.put(chunk.digest, obj)
+        except StoreError as exc:
+            self._count(cache_write_errors=1)
+            log.warning("chunk %s not cached: %s", chunk.digest, exc)
+
+    def _drop_corrupt(self, chunk: ChunkRef, exc: Exception) -> None:
+        assert self.cache is not None
+        log.warning(
+            "cached chunk %s is corrupt (%s); fetching it from the store", chunk.digest, exc
+        )
+        self.cache.drop(chunk.digest)
+        self._count(cache_corrupt=1)
+
+
+def _matches(dest: memoryview, chunk: ChunkRef) -> bool:
+    return digest_bytes(dest) == chunk.digest
