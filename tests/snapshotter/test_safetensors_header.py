@@ -61,7 +61,8 @@ def test_real_file_round_trips(tmp_path: Path) -> None:
 
 
 def test_every_documented_dtype_is_known() -> None:
-    for dtype in "BOOL U8 I8 I16 U16 F16 BF16 I32 U32 F32 F64 I64 U64 F8_E4M3 F8_E5M2".split():
+    documented = "BOOL U8 I8 I16 U16 F16 BF16 I32 U32 F32 F64 I64 U64 F8_E4M3 F8_E5M2"
+    for dtype in documented.split(" "):
         header = json.dumps({"t": entry(dtype, [2], 0, 2 * DTYPE_SIZE_BYTES[dtype])}).encode()
         info = parse_header(header, 8 + len(header) + 2 * DTYPE_SIZE_BYTES[dtype], "f")
         assert info.tensors[0].dtype == dtype

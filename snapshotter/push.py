@@ -1,0 +1,256 @@
+"""Push: a model, adapter or code bundle directory into a registry.
+
+Order of work, which is what makes a push safe to interrupt and resume::
+
+    1. parse NAME:TAG, inspect the directory (pickles, symlinks, headers,
+       index) and plan every chunk            — nothing written yet
+    2. per chunk, in a thread pool: digest (blake3) → frame (zstd if it
+       saves ≥ 10%) → upload unless the store already holds that digest
+    3. the manifest, unless already stored
+    4. the tag, last
+
+A push that dies in step 2 leaves only whole chunks behind (stores write
+atomically); pushing again skips them and yields the same manifest digest,
+because the manifest depends only on the directory's bytes and the chunk size.
+
+Every chunk is framed even when it is already stored, so its ``stored_size``
+and codec in the manifest are known without reading the store back; framing is
+deterministic for a given zstandard version.
+
+The progress callback is called from the calling thread only.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from snapshotter import codec
+from snapshotter.artifact_dir import ArtifactDir, SourceFile, inspect_directory
+from snapshotter.chunking import Span, plan_chunks
+from snapshotter.digest import Hasher, digest_bytes, hex_part
+from snapshotter.errors import BadArtifactError, InvalidReferenceError
+from snapshotter.manifest import (
+    DEFAULT_CHUNK_SIZE_BYTES,
+    ArtifactKind,
+    ChunkRef,
+    FileEntry,
+    Manifest,
+)
+from snapshotter.registry import Reference, Registry
+
+DEFAULT_PUSH_THREADS = 8
+
+
+@dataclass(frozen=True)
+class PushProgress:
+    bytes_done: int
+    bytes_total: int
+    chunks_done: int
+    chunks_total: int
+    chunks_deduplicated: int
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """What a push did. ``new_bytes`` are stored (framed) bytes uploaded;
+    ``dedup_bytes`` are raw bytes not uploaded because an identical chunk was
+    already in the store or earlier in this push."""
+
+    ref: str
+    digest: str
+    kind: ArtifactKind
+    files: int
+    raw_size_bytes: int
+    stored_size_bytes: int
+    new_bytes: int
+    dedup_bytes: int
+    chunks_total: int
+    chunks_new: int
+    chunks_deduplicated: int
+
+
+ProgressFn = Callable[[PushProgress], None]
+
+
+def push_directory(
+    path: str | Path,
+    ref: str | Reference,
+    registry: Registry,
+    *,
+    kind: ArtifactKind | None = None,
+    chunk_size_bytes: int = DEFAULT_CHUNK_SIZE_BYTES,
+    progress: ProgressFn | None = None,
+    threads: int = DEFAULT_PUSH_THREADS,
+    annotations: Mapping[str, str] | None = None,
+) -> PushResult:
+    """Push the directory at ``path`` and tag it ``ref`` (NAME:TAG).
+
+    ``kind`` defaults to adapter when ``adapter_config.json`` is present, else
+    model. Raises ``BadArtifactError`` (nothing written) for refused input and
+    ``StoreError`` if the store fails (whole chunks may remain; push again).
+    """
+    reference = ref if isinstance(ref, Reference) else Reference.parse(str(ref))
+    if reference.digest:
+        raise InvalidReferenceError(f"push needs NAME:TAG, not a digest ({reference})")
+    if chunk_size_bytes <= 0:
+        raise ValueError(f"chunk_size_bytes must be positive, got {chunk_size_bytes}")
+    artifact = inspect_directory(Path(path), kind)
+    plans = [(f, _plan(f, chunk_size_bytes)) for f in artifact.files]
+    uploader = _Uploader(registry, artifact, sum(len(s) for _, s in plans), progress)
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="thaw-push") as pool:
+        entries = tuple(uploader.push_file(pool, f, spans, 2 * threads) for f, spans in plans)
+    manifest = Manifest(
+        kind=artifact.kind,
+        files=entries,
+        chunk_size_bytes=chunk_size_bytes,
+        annotations=dict(annotations or {}),
+    )
+    digest = manifest.digest
+    if not registry.store.exists(f"manifests/{hex_part(digest)}"):
+        registry.put_manifest(manifest)
+    registry.set_tag(reference, digest)
+    return uploader.result(str(reference), digest, manifest)
+
+
+def _plan(f: SourceFile, chunk_size_bytes: int) -> list[Span]:
+    if f.safetensors is None:
+        return plan_chunks(f.size_bytes, chunk_size_bytes)
+    return plan_chunks(
+        f.size_bytes,
+        chunk_size_bytes,
+        data_offset=f.safetensors.data_offset,
+        tensors=f.safetensors.tensors,
+    )
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    digest: str
+    stored_size: int
+    codec: str
+    uploaded: bool
+
+
+@dataclass
+class _Tally:
+    bytes_done: int = 0
+    chunks_done: int = 0
+    chunks_new: int = 0
+    chunks_dedup: int = 0
+    new_bytes: int = 0
+    dedup_bytes: int = 0
+    claimed: set[str] = field(default_factory=set)
+
+
+class _Uploader:
+    """Chunk work shared by the pool's threads; counters touched by the caller only."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        artifact: ArtifactDir,
+        chunks_total: int,
+        progress: ProgressFn | None,
+    ) -> None:
+        self._registry = registry
+        self._bytes_total = artifact.size_bytes
+        self._chunks_total = chunks_total
+        self._progress = progress
+        self._lock = threading.Lock()
+        self._tally = _Tally()
+
+    def push_file(
+        self, pool: ThreadPoolExecutor, f: SourceFile, spans: list[Span], window: int
+    ) -> FileEntry:
+        """Read ``f`` span by span, keep at most ``window`` chunks in flight."""
+        hasher = Hasher()
+        pending: deque[tuple[Span, Future[_Outcome]]] = deque()
+        refs: list[ChunkRef] = []
+        try:
+            for span, raw in _read_spans(f, spans):
+                hasher.update(raw)
+                pending.append((span, pool.submit(self._process, raw)))
+                while len(pending) >= window:
+                    refs.append(self._collect(*pending.popleft()))
+            while pending:
+                refs.append(self._collect(*pending.popleft()))
+        except BaseException:
+            for _, future in pending:
+                future.cancel()
+            raise
+        return FileEntry(
+            path=f.rel_path,
+            size=f.size_bytes,
+            digest=hasher.digest(),
+            chunks=tuple(refs),
+            mode=f.mode,
+            safetensors=f.safetensors,
+        )
+
+    def _process(self, raw: bytes) -> _Outcome:
+        """Runs in a pool thread: blake3 and zstd release the GIL."""
+        digest = digest_bytes(raw)
+        framed, used = codec.encode(raw)
+        with self._lock:
+            first = digest not in self._tally.claimed
+            self._tally.claimed.add(digest)
+        uploaded = first and not self._registry.has_chunk(digest)
+        if uploaded:
+            self._registry.put_chunk(digest, framed)
+        return _Outcome(digest, len(framed), used.label, uploaded)
+
+    def _collect(self, span: Span, future: Future[_Outcome]) -> ChunkRef:
+        out = future.result()
+        t = self._tally
+        t.bytes_done += span.size
+        t.chunks_done += 1
+        if out.uploaded:
+            t.chunks_new += 1
+            t.new_bytes += out.stored_size
+        else:
+            t.chunks_dedup += 1
+            t.dedup_bytes += span.size
+        if self._progress is not None:
+            done = PushProgress(
+                t.bytes_done, self._bytes_total, t.chunks_done, self._chunks_total, t.chunks_dedup
+            )
+            self._progress(done)
+        return ChunkRef(out.digest, span.offset, span.size, out.stored_size, out.codec)
+
+    def result(self, ref: str, digest: str, manifest: Manifest) -> PushResult:
+        t = self._tally
+        return PushResult(
+            ref=ref,
+            digest=digest,
+            kind=manifest.kind,
+            files=len(manifest.files),
+            raw_size_bytes=manifest.raw_size,
+            stored_size_bytes=manifest.stored_size,
+            new_bytes=t.new_bytes,
+            dedup_bytes=t.dedup_bytes,
+            chunks_total=t.chunks_done,
+            chunks_new=t.chunks_new,
+            chunks_deduplicated=t.chunks_dedup,
+        )
+
+
+def _read_spans(f: SourceFile, spans: list[Span]) -> Iterator[tuple[Span, bytes]]:
+    with f.source.open("rb") as handle:
+        for span in spans:
+            yield span, _read_exact(handle, span, f.rel_path)
+        if handle.read(1):
+            raise BadArtifactError(f"{f.rel_path} grew while it was pushed; push again")
+
+
+def _read_exact(handle: BinaryIO, span: Span, rel_path: str) -> bytes:
+    handle.seek(span.offset)
+    data = handle.read(span.size)
+    if len(data) != span.size:
+        raise BadArtifactError(f"{rel_path} shrank while it was pushed; push again")
+    return data
