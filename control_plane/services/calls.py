@@ -1,0 +1,297 @@
+"""Calls: accepted once, ended once.
+
+    queued ──▶ dispatched ──▶ running ──▶ succeeded | failed | timeout | cancelled
+      ▲            │             │
+      └────────────┴─────────────┘  re-queued (attempt + 1) when the worker is lost
+                                    and retries remain
+
+Every transition is a guarded ``UPDATE ... WHERE status IN (...)``; the
+final one only from a non-final state, so concurrent enders (the worker's
+result, a cancel, the deadline, a lost worker) race safely and exactly one
+wins. Functions here take an open session and do not commit; the caller
+commits and then wakes waiters (``services.invocations``).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import case, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from control_plane.db.models import Call, CallOutput
+from control_plane.errors import BadRequestError, ConflictError, NotFoundError
+from control_plane.metrics import Metrics
+from control_plane.protocol import FINAL_CALL_EVENTS, CallEvent
+from control_plane.services.functions import ActiveVersion
+from control_plane.services.keys import Principal
+from control_plane.services.states import (
+    FINAL_CALL_STATES,
+    IN_FLIGHT_CALL_STATES,
+    NON_FINAL_CALL_STATES,
+)
+
+
+@dataclass(frozen=True)
+class CallRequest:
+    input: Any
+    adapter: str | None = None
+    stream: bool = False
+    idempotency_key: str | None = None
+    deadline_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class CallView:
+    id: str
+    function: str
+    version: int
+    status: str
+    attempt: int
+    input: Any
+    output: Any
+    error: str | None
+    adapter: str | None
+    stream: bool
+    cold: bool
+    replica_id: str | None
+    phases_ms: dict[str, float]
+    timings_ms: dict[str, float]
+    accepted_at: float
+    deadline_at: float
+    finished_at: float | None
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL_CALL_STATES
+
+
+def view(row: Call) -> CallView:
+    return CallView(
+        id=row.id,
+        function=row.function,
+        version=row.version,
+        status=row.status,
+        attempt=row.attempt,
+        input=json.loads(row.input_json),
+        output=json.loads(row.output_json) if row.output_json is not None else None,
+        error=row.error,
+        adapter=row.adapter,
+        stream=row.stream,
+        cold=row.cold,
+        replica_id=row.replica_id,
+        phases_ms=json.loads(row.phases_json),
+        timings_ms=json.loads(row.timings_json),
+        accepted_at=row.accepted_at,
+        deadline_at=row.deadline_at,
+        finished_at=row.finished_at,
+    )
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def accept(
+    session: Session, now: float, who: Principal, fn: ActiveVersion, req: CallRequest
+) -> tuple[CallView, bool]:
+    """Record a call as queued; with an idempotency key, return the existing one.
+
+    Returns (call, created). Raises ``ConflictError`` when the key was used
+    with a different input, ``BadRequestError`` for an adapter the function lacks.
+    """
+    who.require("invoke", fn.name)
+    if req.adapter is not None and req.adapter not in {a.name for a in fn.adapters}:
+        known = ", ".join(a.name for a in fn.adapters) or "none"
+        raise BadRequestError(f"function {fn.name} has no adapter {req.adapter!r} (it has {known})")
+    input_json = _canonical(req.input)
+    if req.idempotency_key is not None:
+        existing = _by_idempotency(session, fn.name, who.key_id, req.idempotency_key)
+        if existing is not None:
+            return _same_or_conflict(existing, input_json), False
+    timeout_s = fn.spec.timeout_s
+    if req.deadline_ms is not None:
+        timeout_s = min(timeout_s, req.deadline_ms / 1000)
+    row = Call(
+        id=uuid.uuid4().hex,
+        function=fn.name,
+        version=fn.version,
+        api_key_id=who.key_id,
+        idempotency_key=req.idempotency_key,
+        status="queued",
+        input_json=input_json,
+        adapter=req.adapter,
+        stream=req.stream,
+        attempt=1,
+        retries=fn.spec.retries,
+        timeout_s=timeout_s,
+        accepted_at=now,
+        deadline_at=now + timeout_s,
+        phases_json="{}",
+        timings_json="{}",
+    )
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError:
+        # Another request with the same idempotency key won the insert.
+        existing = _by_idempotency(session, fn.name, who.key_id, req.idempotency_key)
+        if existing is None:
+            raise
+        return _same_or_conflict(existing, input_json), False
+    return view(row), True
+
+
+def _by_idempotency(session: Session, fn: str, key_id: str, key: str | None) -> Call | None:
+    return session.scalars(
+        select(Call).where(
+            Call.function == fn, Call.api_key_id == key_id, Call.idempotency_key == key
+        )
+    ).first()
+
+
+def _same_or_conflict(row: Call, input_json: str) -> CallView:
+    if row.input_json != input_json:
+        raise ConflictError(
+            f"Idempotency-Key was already used for call {row.id} with a different input; "
+            "use a new key for a new call"
+        )
+    return view(row)
+
+
+def get_row(session: Session, call_id: str) -> Call:
+    row = session.get(Call, call_id)
+    if row is None:
+        raise NotFoundError(f"no call {call_id!r}")
+    return row
+
+
+def get(session: Session, call_id: str) -> CallView:
+    return view(get_row(session, call_id))
+
+
+def outputs_after(
+    session: Session, call_id: str, attempt: int, after_seq: int
+) -> list[tuple[int, Any]]:
+    """Streamed chunks of ``attempt`` with ``seq > after_seq``, in order."""
+    rows = session.execute(
+        select(CallOutput.seq, CallOutput.output_json)
+        .where(
+            CallOutput.call_id == call_id,
+            CallOutput.attempt == attempt,
+            CallOutput.seq > after_seq,
+        )
+        .order_by(CallOutput.seq)
+    ).all()
+    return [(seq, json.loads(out)) for seq, out in rows]
+
+
+def finalize(
+    session: Session,
+    metrics: Metrics | None,
+    now: float,
+    call_id: str,
+    status: str,
+    *,
+    output: Any = None,
+    error: str | None = None,
+    timings_ms: dict[str, float] | None = None,
+) -> bool:
+    """Move a call to final ``status`` unless it already is final. True if this won."""
+    assert status in FINAL_CALL_STATES, status
+    values: dict[str, Any] = {
+        "status": status,
+        "finished_at": now,
+        "output_json": _canonical(output) if status == "succeeded" else None,
+        "error": error,
+        # A worker may still be running it: tell the worker (heartbeat reply) to stop.
+        "cancel_pending": case((Call.status.in_(IN_FLIGHT_CALL_STATES), True), else_=False)
+        if status in ("timeout", "cancelled")
+        else False,
+    }
+    if timings_ms:
+        row = session.get(Call, call_id)
+        merged = {**(json.loads(row.timings_json) if row else {}), **timings_ms}
+        values["timings_json"] = json.dumps(merged)
+    result = session.execute(
+        update(Call)
+        .where(Call.id == call_id, Call.status.in_(NON_FINAL_CALL_STATES))
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    won = bool(result.rowcount == 1)  # type: ignore[attr-defined]
+    if won and metrics is not None:
+        row = session.get(Call, call_id)
+        if row is not None:
+            session.refresh(row)
+            metrics.call_latency_s.labels(row.function, str(row.cold).lower(), status).observe(
+                max(0.0, now - row.accepted_at)
+            )
+    return won
+
+
+def record_event(
+    session: Session, metrics: Metrics | None, now: float, call_id: str, ev: CallEvent
+) -> None:
+    """Apply a worker's event. Raises ``ConflictError`` (409) once the call is final."""
+    row = get_row(session, call_id)
+    if row.status in FINAL_CALL_STATES:
+        raise ConflictError(f"call {call_id} is already {row.status}; stop sending for it")
+    if ev.attempt != row.attempt:
+        raise ConflictError(f"call {call_id} is on attempt {row.attempt}, not {ev.attempt}")
+    if ev.kind == "started":
+        session.execute(
+            update(Call)
+            .where(Call.id == call_id, Call.status.in_(("queued", "dispatched")))
+            .values(status="running")
+            .execution_options(synchronize_session=False)
+        )
+    elif ev.kind == "output":
+        _add_output(session, metrics, now, row, ev.output)
+    elif ev.kind in FINAL_CALL_EVENTS:
+        won = finalize(
+            session,
+            metrics,
+            now,
+            call_id,
+            ev.kind,
+            output=ev.output,
+            error=ev.error,
+            timings_ms=ev.timings_ms,
+        )
+        if not won:
+            raise ConflictError(f"call {call_id} is already final; stop sending for it")
+
+
+def _add_output(session: Session, metrics: Metrics | None, now: float, row: Call, out: Any) -> None:
+    seq = session.scalar(
+        select(func.coalesce(func.max(CallOutput.seq), 0)).where(
+            CallOutput.call_id == row.id, CallOutput.attempt == row.attempt
+        )
+    )
+    chunk = CallOutput(
+        call_id=row.id, attempt=row.attempt, seq=int(seq or 0) + 1, output_json=_canonical(out)
+    )
+    session.add(chunk)
+    if row.first_output_at is None:
+        row.first_output_at = now
+        if metrics is not None:
+            metrics.first_output_s.labels(row.function, str(row.cold).lower()).observe(
+                max(0.0, now - row.accepted_at)
+            )
+    if row.status in ("queued", "dispatched"):
+        row.status = "running"
+    session.flush()
+
+
+def cancel(session: Session, metrics: Metrics | None, now: float, call_id: str) -> CallView:
+    """Cancel unless already final (then a no-op); the final state is returned."""
+    get_row(session, call_id)
+    finalize(session, metrics, now, call_id, "cancelled", error="cancelled by the client")
+    row = get_row(session, call_id)
+    session.refresh(row)
+    return view(row)

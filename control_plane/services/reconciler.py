@@ -1,0 +1,292 @@
+"""Applies the pure decisions to the database, then sends what they imply.
+
+One pass for a function (``reconcile_function``):
+
+1. route queued calls to ready replicas (``router.choose``), each moved
+   queued → dispatched by a guarded UPDATE, so no call is sent twice;
+2. compute the replica target (``autoscaler.desired_replicas``) and start
+   replicas where ``scheduler.place`` says, or drain idle ones;
+3. drain replicas of versions that are no longer active.
+
+``tick`` adds the housekeeping: lost workers, calls past their deadline,
+replicas of deleted functions, gauges. Messages are collected in an
+``Outbox`` and sent only after the transaction commits (a worker must never
+see a call the database does not yet show as dispatched); a failed send puts
+the call back in the queue.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from control_plane.db.models import Call, Replica
+from control_plane.errors import NoCapacityError, NotFoundError
+from control_plane.protocol import RunCall, StartReplica, StopReplica
+from control_plane.services import calls, functions, replicas, workers
+from control_plane.services.autoscaler import ScaleState, desired_replicas
+from control_plane.services.context import Services
+from control_plane.services.functions import ActiveVersion
+from control_plane.services.router import CallRoute, choose
+from control_plane.services.scheduler import ReplicaRequest, place
+from control_plane.services.states import IN_FLIGHT_CALL_STATES, NON_FINAL_CALL_STATES
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outbox:
+    starts: list[tuple[str, StartReplica]] = field(default_factory=list)
+    stops: list[tuple[str, StopReplica]] = field(default_factory=list)
+    runs: list[tuple[str, RunCall]] = field(default_factory=list)
+    touched_calls: list[str] = field(default_factory=list)
+
+
+class Reconciler:
+    def __init__(self, services: Services) -> None:
+        self.s = services
+
+    # --- entry points ---------------------------------------------------------
+    def kick(self, function: str) -> None:
+        """Reconcile one function now (after an invoke, a ready replica, a result)."""
+        with self.s.reconcile_lock:
+            box = Outbox()
+            with self.s.db.session() as session:
+                try:
+                    fn = functions.active(session, function)
+                except NotFoundError:
+                    return
+                self._reconcile_function(session, fn, box)
+            self._send(box)
+
+    def tick(self) -> None:
+        """One full pass over every function plus housekeeping."""
+        with self.s.reconcile_lock:
+            box = Outbox()
+            now = self.s.clock()
+            with self.s.db.session() as session:
+                lost = workers.mark_lost(session, self.s.metrics, now, self.s.worker_lost_after_s)
+                box.touched_calls += lost.touched_call_ids
+                box.touched_calls += self._expire(session, now)
+                live_names = set(functions.names(session))
+                for name in live_names:
+                    self._reconcile_function(session, functions.active(session, name), box)
+                self._drain_orphans(session, live_names, box)
+                self._gauges(session)
+            self._send(box)
+
+    # --- one function ---------------------------------------------------------
+    def _reconcile_function(self, session: Session, fn: ActiveVersion, box: Outbox) -> None:
+        now = self.s.clock()
+        self._route_queued(session, fn, now, box)
+        self._scale(session, fn, now, box)
+        for r in replicas.live(session, fn.name):
+            if r.version != fn.version:
+                self._drain_if_idle(session, r, "a newer version is active", box)
+
+    def _route_queued(self, session: Session, fn: ActiveVersion, now: float, box: Outbox) -> None:
+        queued = session.scalars(
+            select(Call)
+            .where(Call.function == fn.name, Call.status == "queued")
+            .order_by(Call.accepted_at)
+        ).all()
+        if not queued:
+            return
+        views = {v.id: v for v in replicas.views(session, fn.name)}
+        limit = fn.spec.scaling.target_concurrency
+        for call in queued:
+            route = CallRoute(version=fn.version, adapter=call.adapter, max_outstanding=limit)
+            chosen = choose(list(views.values()), route)
+            if chosen is None:
+                return
+            replica = session.get(Replica, chosen.id)
+            if replica is None or not self._mark_dispatched(session, call, replica, fn, now):
+                continue
+            views[chosen.id] = replace(chosen, outstanding=chosen.outstanding + 1)
+            box.runs.append((replica.worker_id, _run_message(call, replica, fn)))
+            box.touched_calls.append(call.id)
+
+    def _mark_dispatched(
+        self, session: Session, call: Call, replica: Replica, fn: ActiveVersion, now: float
+    ) -> bool:
+        cold = replica.ready_at is not None and replica.ready_at >= call.accepted_at
+        phases = json.loads(replica.phases_json) if cold else {}
+        timings = {**json.loads(call.timings_json), "queue_wait": (now - call.accepted_at) * 1000}
+        result = session.execute(
+            update(Call)
+            .where(Call.id == call.id, Call.status == "queued")
+            .values(
+                status="dispatched",
+                replica_id=replica.id,
+                version=fn.version,
+                dispatched_at=now,
+                cold=cold,
+                phases_json=json.dumps(phases),
+                timings_json=json.dumps(timings),
+            )
+            .execution_options(synchronize_session=False)
+        )
+        session.refresh(call)
+        return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+    def _scale(self, session: Session, fn: ActiveVersion, now: float, box: Outbox) -> None:
+        scaling = fn.spec.scaling
+        mine = [r for r in replicas.live(session, fn.name) if r.version == fn.version]
+        state = ScaleState(
+            min_replicas=scaling.min_replicas,
+            max_replicas=scaling.max_replicas,
+            idle_timeout_s=scaling.idle_timeout_s,
+            target_concurrency=scaling.target_concurrency,
+            in_flight=_count(session, fn.name, IN_FLIGHT_CALL_STATES),
+            queued=_count(session, fn.name, ("queued",)),
+            current_replicas=len(mine),
+            last_call_at=_last_call_at(session, fn.name),
+        )
+        target = desired_replicas(state, now)
+        for _ in range(target - len(mine)):
+            if not self._start(session, fn, now, box):
+                break
+        idle_ready = [r for r in reversed(mine) if r.state == "ready"]
+        for r in idle_ready[: max(0, len(mine) - target)]:
+            self._drain_if_idle(session, r, "scaled down", box)
+
+    def _start(self, session: Session, fn: ActiveVersion, now: float, box: Outbox) -> bool:
+        t0 = time.perf_counter()
+        request = ReplicaRequest(fn.name, fn.spec.device, fn.model_digest, _model_bytes(self.s, fn))
+        try:
+            placement = place(request, workers.snapshots(session))
+        except NoCapacityError as exc:
+            log.warning("cannot start a replica of %s: %s", fn.name, exc)
+            return False
+        schedule_ms = (time.perf_counter() - t0) * 1000
+        box.starts.append(
+            (placement.worker_id, replicas.create(session, now, fn, placement, schedule_ms))
+        )
+        return True
+
+    def _drain_if_idle(self, session: Session, r: Replica, reason: str, box: Outbox) -> None:
+        if replicas.outstanding(session, [r.id]).get(r.id, 0):
+            return
+        r.state = "draining"
+        box.stops.append((r.worker_id, StopReplica(replica_id=r.id, reason=reason)))
+
+    # --- housekeeping ---------------------------------------------------------
+    def _expire(self, session: Session, now: float) -> list[str]:
+        late = session.scalars(
+            select(Call.id).where(Call.status.in_(NON_FINAL_CALL_STATES), Call.deadline_at <= now)
+        ).all()
+        for call_id in late:
+            calls.finalize(
+                session, self.s.metrics, now, call_id, "timeout", error="the call's deadline passed"
+            )
+        return list(late)
+
+    def _drain_orphans(self, session: Session, live_names: set[str], box: Outbox) -> None:
+        rows = session.scalars(
+            select(Replica).where(Replica.state.in_(("pending", "starting", "ready")))
+        ).all()
+        for r in rows:
+            if r.function not in live_names:
+                self._drain_if_idle(session, r, "function deleted", box)
+
+    def _gauges(self, session: Session) -> None:
+        m = self.s.metrics
+        m.replicas.clear()
+        for (fn, state), n in replicas.counts_by_state(session).items():
+            m.replicas.labels(fn, state).set(n)
+        m.queue_depth.clear()
+        rows = session.execute(
+            select(Call.function, func.count(Call.id))
+            .where(Call.status == "queued")
+            .group_by(Call.function)
+        ).all()
+        for fn, n in rows:
+            m.queue_depth.labels(fn).set(n)
+
+    # --- after commit ---------------------------------------------------------
+    def _send(self, box: Outbox) -> None:
+        d = self.s.dispatcher
+        for worker_id, start in box.starts:
+            if not _try(d.start_replica, worker_id, start):
+                self._fail_replica(start.replica_id)
+        for worker_id, stop in box.stops:
+            _try(d.stop_replica, worker_id, stop)
+        for worker_id, run in box.runs:
+            if not _try(d.run_call, worker_id, run):
+                self._requeue(run.call_id)
+        for call_id in box.touched_calls:
+            self.s.notifier.notify(call_id)
+
+    def _fail_replica(self, replica_id: str) -> None:
+        with self.s.db.session() as session:
+            session.execute(
+                update(Replica)
+                .where(Replica.id == replica_id, Replica.state == "pending")
+                .values(state="failed", error="could not reach the worker's queue")
+            )
+
+    def _requeue(self, call_id: str) -> None:
+        with self.s.db.session() as session:
+            session.execute(
+                update(Call)
+                .where(Call.id == call_id, Call.status == "dispatched")
+                .values(status="queued", replica_id=None)
+            )
+
+
+def _try(send: Callable[[str, Any], None], worker_id: str, msg: Any) -> bool:
+    """Send one message; a broker failure is logged and reported, not raised."""
+    try:
+        send(worker_id, msg)
+        return True
+    except Exception:
+        log.exception("could not send %s to worker %s", type(msg).__name__, worker_id)
+        return False
+
+
+def _run_message(call: Call, replica: Replica, fn: ActiveVersion) -> RunCall:
+    return RunCall(
+        call_id=call.id,
+        attempt=call.attempt,
+        replica_id=replica.id,
+        function=fn.name,
+        input=json.loads(call.input_json),
+        adapter=call.adapter,
+        stream=call.stream,
+        timeout_s=max(0.001, call.deadline_at - call.accepted_at),
+        accepted_at=call.accepted_at,
+    )
+
+
+def _count(session: Session, function: str, states: tuple[str, ...]) -> int:
+    n = session.scalar(
+        select(func.count(Call.id)).where(Call.function == function, Call.status.in_(states))
+    )
+    return int(n or 0)
+
+
+def _last_call_at(session: Session, function: str) -> float | None:
+    accepted, finished = session.execute(
+        select(func.max(Call.accepted_at), func.max(Call.finished_at)).where(
+            Call.function == function
+        )
+    ).one()
+    times = [t for t in (accepted, finished) if t is not None]
+    return max(times) if times else None
+
+
+def _model_bytes(services: Services, fn: ActiveVersion) -> int:
+    # Memory is checked only when workers report it; the size comes from the manifest.
+    if fn.model_digest is None:
+        return 0
+    try:
+        return services.registry.get_manifest(fn.model_digest).raw_size
+    except Exception:
+        return 0

@@ -1,0 +1,173 @@
+"""Replicas: created by the reconciler, moved along by the worker's events.
+
+    pending ──▶ starting ──▶ ready ──▶ draining ──▶ stopped
+       └───────────┴──────────▶ failed
+
+``pending`` is the control plane's own state between deciding to start a
+replica and the worker's first event. Events for a replica the control plane
+already ended are ignored (the heartbeat reply tells the worker to stop it).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from control_plane.db.models import Call, Replica
+from control_plane.errors import NotFoundError
+from control_plane.metrics import Metrics
+from control_plane.protocol import AdapterSpec, ReplicaEvent, StartReplica
+from control_plane.services import calls
+from control_plane.services.functions import ActiveVersion
+from control_plane.services.router import ReplicaView
+from control_plane.services.scheduler import Placement
+from control_plane.services.states import (
+    ENDED_REPLICA_STATES,
+    IN_FLIGHT_CALL_STATES,
+    LIVE_REPLICA_STATES,
+)
+from control_plane.services.workers import requeue_or_fail
+
+# Which event states may follow which stored states.
+_ALLOWED_FROM = {
+    "starting": ("pending",),
+    "ready": ("pending", "starting"),
+    "failed": ("pending", "starting", "ready", "draining"),
+    "stopped": ("pending", "starting", "ready", "draining"),
+}
+
+
+def create(
+    session: Session, now: float, fn: ActiveVersion, placement: Placement, schedule_ms: float
+) -> StartReplica:
+    """Record a pending replica; return the message to send once committed."""
+    replica_id = uuid.uuid4().hex
+    session.add(
+        Replica(
+            id=replica_id,
+            function=fn.name,
+            version=fn.version,
+            worker_id=placement.worker_id,
+            device=placement.device,
+            state="pending",
+            phases_json=json.dumps({"schedule": schedule_ms}),
+            adapters_json=json.dumps([a.name for a in fn.adapters]),
+            created_at=now,
+        )
+    )
+    session.flush()
+    return StartReplica(
+        replica_id=replica_id,
+        function=fn.name,
+        version=fn.version,
+        bundle_digest=fn.spec.bundle,
+        entry=fn.spec.entry,
+        model_digest=fn.model_digest,
+        adapters=[AdapterSpec(name=a.name, digest=a.digest) for a in fn.adapters],
+        device="cuda" if placement.device == "cuda" else "cpu",
+        timeout_s=fn.spec.timeout_s,
+        env=dict(fn.spec.env),
+    )
+
+
+def record_event(
+    session: Session, metrics: Metrics | None, now: float, replica_id: str, ev: ReplicaEvent
+) -> list[str]:
+    """Apply a worker's replica event. Returns ids of calls it ended or re-queued."""
+    row = session.get(Replica, replica_id)
+    if row is None:
+        raise NotFoundError(f"no replica {replica_id!r}")
+    row.phases_json = json.dumps({**json.loads(row.phases_json), **ev.phases_ms})
+    if row.state not in _ALLOWED_FROM[ev.state]:
+        return []
+    row.state = ev.state
+    touched: list[str] = []
+    if ev.state == "ready":
+        row.ready_at = now
+        if metrics is not None:
+            metrics.cold_starts.labels(row.function).inc()
+    elif ev.state in ENDED_REPLICA_STATES:
+        row.stopped_at, row.error = now, ev.error
+        touched = _end_calls_of(session, metrics, now, row, ev.error or "replica stopped")
+    session.flush()
+    return touched
+
+
+def _end_calls_of(
+    session: Session, metrics: Metrics | None, now: float, row: Replica, reason: str
+) -> list[str]:
+    stranded = session.scalars(
+        select(Call).where(Call.replica_id == row.id, Call.status.in_(IN_FLIGHT_CALL_STATES))
+    ).all()
+    touched = []
+    for c in stranded:
+        requeue_or_fail(session, metrics, now, c, f"replica {row.id} ended: {reason}")
+        touched.append(c.id)
+    if row.state == "failed" and not _other_live(session, row):
+        # Nothing else can serve them, and a start failure usually repeats:
+        # end the waiting calls with the replica's error instead of a timeout.
+        queued = session.scalars(
+            select(Call.id).where(Call.function == row.function, Call.status == "queued")
+        ).all()
+        for call_id in queued:
+            error = f"replica failed to start: {reason}"
+            calls.finalize(session, metrics, now, call_id, "failed", error=error)
+            touched.append(call_id)
+    return touched
+
+
+def _other_live(session: Session, row: Replica) -> bool:
+    n = session.scalar(
+        select(func.count(Replica.id)).where(
+            Replica.function == row.function,
+            Replica.id != row.id,
+            Replica.state.in_(LIVE_REPLICA_STATES),
+        )
+    )
+    return bool(n)
+
+
+def live(session: Session, function: str) -> list[Replica]:
+    return list(
+        session.scalars(
+            select(Replica)
+            .where(Replica.function == function, Replica.state.in_(LIVE_REPLICA_STATES))
+            .order_by(Replica.created_at)
+        )
+    )
+
+
+def outstanding(session: Session, replica_ids: list[str]) -> dict[str, int]:
+    rows = session.execute(
+        select(Call.replica_id, func.count(Call.id))
+        .where(Call.replica_id.in_(replica_ids), Call.status.in_(IN_FLIGHT_CALL_STATES))
+        .group_by(Call.replica_id)
+    ).all()
+    return {str(rid): int(n) for rid, n in rows}
+
+
+def views(session: Session, function: str) -> list[ReplicaView]:
+    rows = live(session, function)
+    counts = outstanding(session, [r.id for r in rows])
+    return [
+        ReplicaView(
+            id=r.id,
+            state=r.state,
+            version=r.version,
+            outstanding=counts.get(r.id, 0),
+            adapters=frozenset(json.loads(r.adapters_json)),
+        )
+        for r in rows
+    ]
+
+
+def counts_by_state(session: Session) -> dict[tuple[str, str], int]:
+    rows = session.execute(
+        select(Replica.function, Replica.state, func.count(Replica.id))
+        .where(Replica.state.in_((*LIVE_REPLICA_STATES, "draining")))
+        .group_by(Replica.function, Replica.state)
+    ).all()
+    return {(str(f), str(s)): int(n) for f, s, n in rows}

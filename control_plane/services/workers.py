@@ -1,0 +1,165 @@
+"""Workers: registration, heartbeats, and noticing the ones that went silent.
+
+A worker that has not heartbeated for ``worker_lost_after_s`` is lost: its
+replicas are stopped, and its in-flight calls are re-queued (attempt + 1)
+while retries remain, else failed. Replacement replicas come from the
+autoscaler on the next reconcile.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from control_plane.db.models import Call, Replica, Worker
+from control_plane.errors import NotFoundError
+from control_plane.metrics import Metrics
+from control_plane.protocol import HeartbeatReply, WorkerHeartbeat, WorkerRegister, worker_queue
+from control_plane.services import calls
+from control_plane.services.scheduler import WorkerSnapshot
+from control_plane.services.states import IN_FLIGHT_CALL_STATES, LIVE_REPLICA_STATES
+
+MAX_REPLICAS_PER_WORKER = 16
+_STOPPABLE = (*LIVE_REPLICA_STATES, "draining")
+_IN_FLIGHT = IN_FLIGHT_CALL_STATES
+
+
+@dataclass(frozen=True)
+class LostWork:
+    worker_ids: list[str]
+    touched_call_ids: list[str]
+
+
+def register(session: Session, now: float, msg: WorkerRegister) -> Worker:
+    """Create or refresh the worker's record (a restarted worker re-registers)."""
+    row = session.get(Worker, msg.worker_id)
+    if row is None:
+        row = Worker(id=msg.worker_id, registered_at=now, queue=worker_queue(msg.worker_id))
+        session.add(row)
+    else:
+        # A worker that restarted lost its replicas: forget them now.
+        _stop_replicas_of(session, row.id, now, "worker re-registered")
+    row.name = msg.name
+    row.devices_json = json.dumps([d.model_dump() for d in msg.devices])
+    row.memory_bytes = msg.memory_bytes
+    row.free_memory_bytes = msg.memory_bytes
+    row.pool_size = msg.pool_size
+    row.cached_manifests_json = json.dumps(msg.cached_manifests)
+    row.cache_bytes = msg.cache_bytes
+    row.healthy, row.lost, row.last_heartbeat_at = True, False, now
+    session.flush()
+    return row
+
+
+def heartbeat(session: Session, now: float, worker_id: str, msg: WorkerHeartbeat) -> HeartbeatReply:
+    """Record the worker's inventory; reply with calls to cancel and replicas to stop."""
+    row = session.get(Worker, worker_id)
+    if row is None:
+        raise NotFoundError(f"worker {worker_id} is not registered; it must register first")
+    row.cached_manifests_json = json.dumps(msg.cached_manifests)
+    row.cache_bytes, row.free_memory_bytes = msg.cache_bytes, msg.free_memory_bytes
+    row.pool_size, row.healthy, row.last_heartbeat_at = msg.pool_size, msg.healthy, now
+    row.lost = False
+    known = {
+        r.id: r.state
+        for r in session.scalars(select(Replica).where(Replica.worker_id == worker_id))
+    }
+    stop = [
+        r.replica_id
+        for r in msg.replicas
+        if r.state in ("starting", "ready") and known.get(r.replica_id) not in LIVE_REPLICA_STATES
+    ]
+    cancel = list(
+        session.scalars(
+            select(Call.id)
+            .join(Replica, Replica.id == Call.replica_id)
+            .where(Replica.worker_id == worker_id, Call.cancel_pending.is_(True))
+        )
+    )
+    if cancel:
+        session.execute(update(Call).where(Call.id.in_(cancel)).values(cancel_pending=False))
+    session.flush()
+    return HeartbeatReply(cancel_call_ids=cancel, stop_replica_ids=stop)
+
+
+def _stop_replicas_of(session: Session, worker_id: str, now: float, reason: str) -> None:
+    session.execute(
+        update(Replica)
+        .where(Replica.worker_id == worker_id, Replica.state.in_(_STOPPABLE))
+        .values(state="stopped", stopped_at=now, error=reason)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def requeue_or_fail(
+    session: Session, metrics: Metrics | None, now: float, call: Call, reason: str
+) -> None:
+    """A call whose replica vanished: run it again if retries remain, else fail it."""
+    if call.attempt <= call.retries:
+        session.execute(
+            update(Call)
+            .where(Call.id == call.id, Call.status.in_(IN_FLIGHT_CALL_STATES))
+            .values(status="queued", attempt=call.attempt + 1, replica_id=None)
+            .execution_options(synchronize_session=False)
+        )
+    else:
+        calls.finalize(session, metrics, now, call.id, "failed", error=reason)
+
+
+def mark_lost(
+    session: Session, metrics: Metrics | None, now: float, lost_after_s: float
+) -> LostWork:
+    """Mark silent workers lost; stop their replicas; retry or fail their calls."""
+    silent = list(
+        session.scalars(
+            select(Worker).where(
+                Worker.lost.is_(False), Worker.last_heartbeat_at < now - lost_after_s
+            )
+        )
+    )
+    touched: list[str] = []
+    for w in silent:
+        w.lost = True
+        replica_ids = select(Replica.id).where(Replica.worker_id == w.id)
+        stranded = session.scalars(
+            select(Call).where(Call.replica_id.in_(replica_ids), Call.status.in_(_IN_FLIGHT))
+        ).all()
+        reason = f"worker {w.name or w.id} stopped heartbeating"
+        for c in stranded:
+            requeue_or_fail(session, metrics, now, c, reason)
+            touched.append(c.id)
+        _stop_replicas_of(session, w.id, now, reason)
+    session.flush()
+    return LostWork([w.id for w in silent], touched)
+
+
+def snapshots(session: Session) -> list[WorkerSnapshot]:
+    """The scheduler's view of every worker that is not lost."""
+    out = []
+    for w in session.scalars(select(Worker).where(Worker.lost.is_(False)).order_by(Worker.id)):
+        live_q = select(Replica.id).where(
+            Replica.worker_id == w.id, Replica.state.in_(LIVE_REPLICA_STATES)
+        )
+        live = session.scalars(live_q).all()
+        outstanding = session.scalar(
+            select(func.count(Call.id)).where(
+                Call.replica_id.in_(live_q), Call.status.in_(_IN_FLIGHT)
+            )
+        )
+        kinds = frozenset(d.get("kind", "cpu") for d in json.loads(w.devices_json)) | {"cpu"}
+        out.append(
+            WorkerSnapshot(
+                id=w.id,
+                healthy=w.healthy,
+                device_kinds=kinds,
+                free_memory_bytes=w.free_memory_bytes,
+                replicas=len(live),
+                max_replicas=MAX_REPLICAS_PER_WORKER,
+                outstanding_calls=int(outstanding or 0),
+                cached_manifests=frozenset(json.loads(w.cached_manifests_json)),
+            )
+        )
+    return out
