@@ -1,0 +1,176 @@
+"""The loader bench's results: one JSON document, a rich table, a markdown table.
+
+Document shape (``--json``)::
+
+    {"bench": "load", "date": ISO-8601 UTC, "machine": {...}, "options": {...},
+     "model": {files, total_tensor_bytes, ...},
+     "rows": [{"key": "thaw/warm", "label", "temperature", "device",
+               "skipped": null | "why", "trials": [{load_s, process_s, ...}],
+               "median_s", "p95_s", "min_s", "max_s", "bytes", "gb_per_s",
+               "checksum_ok", "page_cache", "thaw_report"}],
+     "ratios": [{"name", "numerator", "denominator", "value", "target", "met"}]}
+
+Times are seconds of the timed region (see ``bench._load_methods``); GB/s are
+decimal (1e9 bytes). ``python -m bench._load_report RESULTS.json`` prints the
+markdown tables for ``bench/README.md``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from bench._common import (
+    Column,
+    TableSpec,
+    gb_per_s,
+    machine_description,
+    markdown_table,
+    render_table,
+    summarize,
+)
+from bench._load_rows import RATIOS, Row, ratio_value
+from bench._model import ModelInfo
+
+
+def _median_trial(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    ordered = sorted(trials, key=lambda t: t["load_s"])
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def summarize_row(row: Row, trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row's entry: its trials plus medians, throughput and the median trial's report."""
+    out: dict[str, Any] = {
+        "key": row.key,
+        "family": row.family,
+        "label": row.label,
+        "temperature": row.temperature,
+        "device": row.device,
+        "skipped": None,
+        "trials": trials,
+    }
+    s = summarize([t["load_s"] for t in trials])
+    n_bytes = int(trials[0].get("bytes", 0))
+    checks = [t["checksum_ok"] for t in trials if "checksum_ok" in t]
+    out.update(
+        median_s=s.median_s,
+        p95_s=s.p95_s,
+        min_s=s.min_s,
+        max_s=s.max_s,
+        bytes=n_bytes,
+        gb_per_s=gb_per_s(n_bytes, s.median_s),
+        checksum_ok=all(checks) if checks else None,
+        process_median_s=statistics.median(t["process_s"] for t in trials),
+        page_cache=sorted({t["page_cache"] for t in trials if "page_cache" in t}),
+        resident_fraction_max=max((t.get("resident_fraction", 0.0) for t in trials), default=0.0),
+        thaw_report=_median_trial(trials).get("thaw_report"),
+    )
+    return out
+
+
+def build_document(
+    options: dict[str, Any],
+    model: ModelInfo,
+    chosen: list[Row],
+    records: dict[str, list[dict[str, Any]]],
+    skipped: dict[str, str],
+) -> dict[str, Any]:
+    rows = []
+    for row in chosen:
+        if row.key in skipped:
+            rows.append({"key": row.key, "label": row.label, "temperature": row.temperature,
+                         "device": row.device, "skipped": skipped[row.key], "trials": []})  # fmt: skip
+        else:
+            rows.append(summarize_row(row, records[row.key]))
+    gbps = {r["key"]: r["gb_per_s"] for r in rows if not r["skipped"]}
+    ratios = []
+    for ratio in RATIOS:
+        value = ratio_value(gbps, ratio)
+        ratios.append({"name": ratio.name, "numerator": ratio.numerator,
+                       "denominator": ratio.denominator, "target": ratio.target, "value": value,
+                       "met": None if value is None else value >= ratio.target})  # fmt: skip
+    return {
+        "bench": "load",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine_description(),
+        "options": {k: str(v) if isinstance(v, Path) else v for k, v in options.items()},
+        "model": model.__dict__,
+        "rows": rows,
+        "ratios": ratios,
+    }
+
+
+def all_checksums_ok(doc: dict[str, Any]) -> bool:
+    return all(r.get("checksum_ok") is not False for r in doc["rows"])
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f}"
+
+
+def thaw_stages(rep: dict[str, Any] | None) -> str:
+    """The loader's per-stage bytes and (thread-summed) seconds, in one line."""
+    if not rep:
+        return ""
+    f, d, p = rep["fetch"], rep["verify_decompress"], rep["place"]
+    return (
+        f"fetch {_gb(f['bytes'])} GB/{f['seconds']:.2f}s · "
+        f"verify+decode {_gb(d['bytes'])} GB/{d['seconds']:.2f}s · "
+        f"place {_gb(p['bytes'])} GB/{p['seconds']:.2f}s · "
+        f"cache {_gb(rep['cache_hit_bytes'])} GB, store {_gb(rep['store_bytes'])} GB · "
+        f"setup {rep['setup_s'] * 1e3:.0f} ms"
+    )
+
+
+def _check(row: dict[str, Any]) -> str:
+    return {True: "ok", False: "WRONG", None: "-"}[row.get("checksum_ok")]
+
+
+def results_table(doc: dict[str, Any]) -> TableSpec:
+    cols = [Column("row", "left"), Column("start", "left"), Column("median s"), Column("p95 s"),
+            Column("GB/s"), Column("GB"), Column("bytes ok", "left"), Column("notes", "left")]  # fmt: skip
+    spec = TableSpec(title=f"loader bench, {doc['date']}", columns=cols)
+    for r in doc["rows"]:
+        if r["skipped"]:
+            spec.rows.append([r["label"], r["temperature"], "", "", "", "", "", r["skipped"]])
+            continue
+        spec.rows.append([
+            r["label"], r["temperature"], f"{r['median_s']:.3f}", f"{r['p95_s']:.3f}",
+            f"{r['gb_per_s']:.2f}", _gb(r["bytes"]), _check(r), thaw_stages(r["thaw_report"]),
+        ])  # fmt: skip
+    return spec
+
+
+def ratios_table(doc: dict[str, Any]) -> TableSpec:
+    cols = [Column("ratio (throughput)", "left"), Column("value"), Column("target"),
+            Column("met", "left")]  # fmt: skip
+    spec = TableSpec(title="targets", columns=cols)
+    for r in doc["ratios"]:
+        value = "n/a" if r["value"] is None else f"{r['value']:.2f}x"
+        met = {True: "yes", False: "NO", None: "-"}[r["met"]]
+        spec.rows.append([r["name"], value, f">= {r['target']:.2f}x", met])
+    return spec
+
+
+def print_report(doc: dict[str, Any], console: Console) -> None:
+    render_table(results_table(doc), console)
+    render_table(ratios_table(doc), console)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m bench._load_report RESULTS.json", file=sys.stderr)
+        return 2
+    doc = json.loads(Path(argv[1]).read_text())
+    print(markdown_table(results_table(doc)) + "\n\n" + markdown_table(ratios_table(doc)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,225 @@
+"""Loader benchmark: thaw's loader side by side with the alternatives, in one run.
+
+    python bench/load.py [--size-mb 1024] [--trials 5] [--methods thaw,runai,...]
+                         [--quick] [--json PATH|-] [--data-dir bench/.data]
+
+Every trial is a fresh process (``bench._load_methods``); trials are
+interleaved round-robin over the rows. How each row is measured, and what
+"cold" and "warm" mean, is in ``bench/README.md`` and ``bench._load_rows``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from bench import _load_report as report
+from bench._common import files_under, round_robin_order, run_fresh_process, write_json
+from bench._load_rows import CATALOG, COLD, S3, WARM, Row, select_rows, skip_reason
+from bench._load_setup import RawUpload, ensure_tensorizer_file, moto_server, upload_raw_model
+from bench._model import ModelInfo, ensure_model
+from bench._pagecache import drop_page_cache, resident_fraction, warm_page_cache
+
+DEFAULT_SIZE_MB = 1024
+QUICK_SIZE_MB = 8
+DEFAULT_TRIALS = 5
+TRIAL_MODULE = "bench._load_methods"
+
+
+@dataclass(frozen=True)
+class Options:
+    size_mb: int
+    trials: int
+    methods: list[str] | None
+    quick: bool
+    json: str | None
+    data_dir: Path
+    drop: str  # "auto" (drop_caches when allowed, else fadvise) | "fadvise"
+
+
+def parse_args(argv: list[str]) -> Options:
+    p = argparse.ArgumentParser(prog="bench/load.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--size-mb", type=int, default=None, help="model size (default 1024; 8 quick)")
+    p.add_argument("--trials", type=int, default=None, help="trials per row (default 5; 1 quick)")
+    p.add_argument("--methods", default=None, help="comma-separated families or row keys")
+    p.add_argument("--quick", action="store_true", help="tiny model, one trial: a smoke run")
+    p.add_argument("--json", default=None, metavar="PATH", help="write results; '-' = stdout")
+    p.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parent / ".data")
+    p.add_argument("--drop", choices=["auto", "fadvise"], default="auto")
+    a = p.parse_args(argv)
+    trials = a.trials if a.trials is not None else (1 if a.quick else DEFAULT_TRIALS)
+    if trials < 1:
+        p.error("--trials must be at least 1")
+    size_mb = a.size_mb if a.size_mb is not None else (QUICK_SIZE_MB if a.quick else DEFAULT_SIZE_MB)
+    methods = [m.strip() for m in a.methods.split(",") if m.strip()] if a.methods else None
+    return Options(size_mb, trials, methods, a.quick, a.json, a.data_dir, a.drop)
+
+
+@dataclass
+class BenchEnv:
+    """Everything setup made, shared by every trial."""
+
+    model: ModelInfo
+    scratch: Path
+    tensorizer_file: Path | None = None
+    thaw_store: dict[str, Any] | None = None
+    thaw_cache: Path | None = None
+    raw_s3: RawUpload | None = None
+    thaw_s3_store: dict[str, Any] | None = None
+
+    def files_for(self, row: Row) -> list[Path]:
+        if row.files == "model":
+            return [Path(f) for f in self.model.files]
+        if row.files == "tensorizer" and self.tensorizer_file:
+            return [self.tensorizer_file]
+        if row.files == "thaw_cache" and self.thaw_cache:
+            return files_under([self.thaw_cache])
+        return []
+
+
+def _setup_thaw_local(env: BenchEnv, data_dir: Path) -> None:
+    from bench._thaw import push_model
+
+    env.thaw_store = {"url": str(data_dir / "thaw-store"), "endpoint_url": None}
+    push_model(env.model.directory, env.thaw_store)
+    env.thaw_cache = data_dir / f"thaw-cache-{env.model.checksum:016x}"
+    # Fill the disk cache once (a load through it writes every chunk through).
+    run_fresh_process(TRIAL_MODULE, _thaw_spec(env, env.thaw_store, env.thaw_cache, "cpu"))
+
+
+def _setup_s3(env: BenchEnv, stack: ExitStack, rows: list[Row], console: Console) -> None:
+    from bench._thaw import create_s3_bucket, push_model
+
+    endpoint = stack.enter_context(moto_server())
+    if any(r.family == "boto3-s3" for r in rows):
+        console.log(f"uploading the model's shards to S3 at {endpoint}")
+        env.raw_s3 = upload_raw_model(endpoint, env.model)
+    if any(r.family == "thaw-s3" for r in rows):
+        console.log("pushing the model to thaw's S3 store")
+        env.thaw_s3_store = {"url": "s3://bench-thaw/artifacts", "endpoint_url": endpoint}
+        create_s3_bucket(env.thaw_s3_store)
+        push_model(env.model.directory, env.thaw_s3_store)
+
+
+def setup(opts: Options, rows: list[Row], stack: ExitStack, console: Console) -> BenchEnv:
+    opts.data_dir.mkdir(parents=True, exist_ok=True)
+    console.log(f"model: {opts.size_mb} MiB of bf16 Llama-shaped shards under {opts.data_dir}")
+    scratch = opts.data_dir / "scratch"
+    shutil.rmtree(scratch, ignore_errors=True)
+    env = BenchEnv(model=ensure_model(opts.data_dir, opts.size_mb), scratch=scratch)
+    families = {r.family for r in rows}
+    if "tensorizer" in families:
+        env.tensorizer_file = ensure_tensorizer_file(env.model, opts.data_dir)
+    if families & {"thaw", "thaw-cuda"}:
+        console.log("pushing the model to thaw's local store and filling its disk cache")
+        _setup_thaw_local(env, opts.data_dir)
+    if any(r.temperature == S3 for r in rows):
+        _setup_s3(env, stack, rows, console)
+    return env
+
+
+def _thaw_spec(env: BenchEnv, store: dict[str, Any], cache: Path, device: str) -> dict[str, Any]:
+    return {
+        "method": "thaw",
+        "store": store,
+        "cache_dir": str(cache),
+        "device": device,
+        "expected_checksum": env.model.checksum,
+    }
+
+
+@contextmanager
+def trial_spec(row: Row, env: BenchEnv, trial: int) -> Iterator[dict[str, Any]]:
+    """The spec for one trial; scratch space it names is removed afterwards."""
+    scratch = env.scratch / f"{row.family}-{trial}"
+    spec: dict[str, Any] = {
+        "method": row.method,
+        "device": row.device,
+        "files": env.model.files,
+        "total_bytes": env.model.total_tensor_bytes,
+        "expected_checksum": env.model.checksum,
+        "tensorizer_file": str(env.tensorizer_file) if env.tensorizer_file else None,
+    }
+    if row.family == "boto3-s3" and env.raw_s3:
+        spec.update(s3=env.raw_s3.spec(), scratch_dir=str(scratch))
+    elif row.family == "thaw-s3" and env.thaw_s3_store:
+        spec.update(_thaw_spec(env, env.thaw_s3_store, scratch / "cache", row.device))
+    elif row.method == "thaw" and env.thaw_store and env.thaw_cache:
+        spec.update(_thaw_spec(env, env.thaw_store, env.thaw_cache, row.device))
+    try:
+        yield spec
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def prepare_cache(row: Row, env: BenchEnv, drop: str) -> dict[str, Any]:
+    """Put the row's files in its temperature; report how and what resulted."""
+    files = env.files_for(row)
+    if row.temperature == COLD:
+        how = drop_page_cache(files, allow_global=drop == "auto")
+        return {"page_cache": how, "resident_fraction": resident_fraction(files)}
+    if row.temperature == WARM and files:
+        warm_page_cache(files)
+        return {"page_cache": "read once", "resident_fraction": resident_fraction(files)}
+    return {}
+
+
+def run_trials(
+    rows: list[Row], env: BenchEnv, opts: Options, console: Console
+) -> dict[str, list[dict[str, Any]]]:
+    """Every row ``opts.trials`` times, round-robin; the per-row trial records."""
+    records: dict[str, list[dict[str, Any]]] = {r.key: [] for r in rows}
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("trials", total=len(rows) * opts.trials)
+        for trial in range(opts.trials):
+            for row in round_robin_order(rows, trial):  # type: ignore[arg-type]
+                desc = f"trial {trial + 1}/{opts.trials}  {row.label} [{row.temperature}]"
+                progress.update(task, description=desc)
+                cache_state = prepare_cache(row, env, opts.drop)
+                with trial_spec(row, env, trial) as spec:
+                    outcome = run_fresh_process(TRIAL_MODULE, spec)
+                record = {**outcome.result, **cache_state, "process_s": outcome.process_s}
+                records[row.key].append(record)
+                progress.advance(task)
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(sys.argv[1:] if argv is None else argv)
+    # With --json - stdout carries exactly one JSON object; everything else goes to stderr.
+    console = Console(stderr=opts.json == "-")
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    try:
+        chosen = select_rows(CATALOG, opts.methods)
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/red]")
+        return 2
+    skipped = {r.key: reason for r in chosen if (reason := skip_reason(r, has_cuda=has_cuda))}
+    runnable = [r for r in chosen if r.key not in skipped]
+    with ExitStack() as stack:
+        env = setup(opts, runnable, stack, console)
+        records = run_trials(runnable, env, opts, console)
+    doc = report.build_document(opts.__dict__, env.model, chosen, records, skipped)
+    report.print_report(doc, console)
+    if opts.json:
+        write_json(doc, opts.json)
+    return 0 if report.all_checksums_ok(doc) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
