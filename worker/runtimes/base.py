@@ -28,7 +28,8 @@ from typing import Any, Literal
 
 from worker.child_protocol import ReplicaSpec
 
-UpdateKind = Literal["output", "succeeded", "failed", "timeout"]
+# "cancelled" is decided by the agent; a runtime never yields it.
+UpdateKind = Literal["output", "succeeded", "failed", "timeout", "cancelled"]
 OnExit = Callable[[str, str], None]
 
 

@@ -1,0 +1,156 @@
+"""ReplicaManager with real replica processes; the control plane is a recorder."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from control_plane.protocol import RunCall, StartReplica, StopReplica
+from tests.worker.recorder import Recorder
+from worker.child_protocol import ReplicaSpec
+from worker.replicas import ReplicaManager
+from worker.runtimes.process import ProcessRuntime
+
+FUNCTIONS = Path(__file__).parent / "functions"
+BUNDLE = "blake3:" + "0" * 64
+
+
+class LocalCodeRuntime(ProcessRuntime):
+    """Runs the test functions from their directory instead of a pushed bundle."""
+
+    def start(self, spec: ReplicaSpec, on_exit):  # type: ignore[no-untyped-def]
+        return super().start(spec.model_copy(update={"bundle_dir": str(FUNCTIONS)}), on_exit)
+
+
+@pytest.fixture
+def setup() -> Iterator[tuple[ReplicaManager, Recorder]]:
+    recorder = Recorder(final_call_ids={"already-final"})
+    runtime = LocalCodeRuntime()
+    manager = ReplicaManager(runtime, recorder.client(), None)
+    yield manager, recorder
+    manager.close()
+    manager.stop_all()
+    runtime.close()
+
+
+def start(manager: ReplicaManager, entry: str, replica_id: str = "r1") -> None:
+    manager.start_replica(
+        StartReplica(
+            replica_id=replica_id, function="f", version=1, bundle_digest=BUNDLE, entry=entry
+        )
+    )
+
+
+def call(call_id: str, input: object, replica_id: str = "r1", **kw: object) -> RunCall:
+    return RunCall(
+        call_id=call_id,
+        replica_id=replica_id,
+        function="f",
+        input=input,
+        accepted_at=time.time() - 0.05,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def kinds(recorder: Recorder, call_id: str) -> list[str]:
+    return [e["kind"] for e in recorder.events(f"/v1/calls/{call_id}/")]
+
+
+def test_start_reports_starting_then_ready_with_phases(
+    setup: tuple[ReplicaManager, Recorder],
+) -> None:
+    manager, recorder = setup
+    start(manager, "basic:Echo")
+    events = recorder.events("/v1/replicas/r1/")
+    assert [e["state"] for e in events] == ["starting", "ready"]
+    assert {"process_start", "imports", "device_init", "user_setup"} <= set(events[1]["phases_ms"])
+    assert all(e["v"] == 1 for e in events)
+    [report] = manager.reports()
+    assert (report.replica_id, report.state, report.outstanding_calls) == ("r1", "ready", 0)
+
+
+def test_streamed_call_posts_started_outputs_succeeded(
+    setup: tuple[ReplicaManager, Recorder],
+) -> None:
+    manager, recorder = setup
+    start(manager, "basic:Stream")
+    manager.run_call(call("c1", {"n": 2}, stream=True))
+    events = recorder.events("/v1/calls/c1/")
+    assert [e["kind"] for e in events] == ["started", "output", "output", "succeeded"]
+    assert [e["output"] for e in events[1:3]] == [{"i": 0}, {"i": 1}]
+    timings = events[-1]["timings_ms"]
+    assert timings["queue_wait"] >= 50 and timings["total"] >= timings["execution"]
+
+
+def test_duplicate_delivery_is_run_once(setup: tuple[ReplicaManager, Recorder]) -> None:
+    manager, recorder = setup
+    start(manager, "basic:Flaky")
+    manager.run_call(call("c1", {}))
+    manager.run_call(call("c1", {}))
+    assert kinds(recorder, "c1") == ["started", "succeeded"]
+    manager.run_call(call("c1", {}, attempt=2))  # a retry is a new attempt
+    assert kinds(recorder, "c1") == ["started", "succeeded"] * 2
+
+
+def test_409_stops_sending_for_that_call(setup: tuple[ReplicaManager, Recorder]) -> None:
+    manager, recorder = setup
+    start(manager, "basic:Stream")
+    manager.run_call(call("already-final", {"n": 5}))
+    assert kinds(recorder, "already-final") == ["started"]
+
+
+def test_call_to_unknown_replica_fails_at_once(setup: tuple[ReplicaManager, Recorder]) -> None:
+    manager, recorder = setup
+    manager.run_call(call("c1", {}, replica_id="nope"))
+    [event] = recorder.events("/v1/calls/c1/")
+    assert event["kind"] == "failed" and "not running on this worker" in event["error"]
+
+
+def test_failing_setup_reports_failed_with_error(setup: tuple[ReplicaManager, Recorder]) -> None:
+    manager, recorder = setup
+    start(manager, "basic:FailingSetup")
+    events = recorder.events("/v1/replicas/r1/")
+    assert [e["state"] for e in events] == ["starting", "failed"]
+    assert "setup exploded on purpose" in events[1]["error"]
+    assert manager.reports() == []
+
+
+def test_timeout_ends_call_and_reports_replica_failed(
+    setup: tuple[ReplicaManager, Recorder],
+) -> None:
+    manager, recorder = setup
+    start(manager, "basic:Flaky")
+    manager.run_call(call("c1", {"sleep_s": 30}, timeout_s=0.3))
+    assert kinds(recorder, "c1") == ["started", "timeout"]
+    events = recorder.wait_for("/v1/replicas/r1/", lambda e: e["state"] == "failed")
+    assert "timeout" in events[-1]["error"]
+    assert manager.reports() == []
+
+
+def test_cancel_ends_a_streaming_call_as_cancelled(setup: tuple[ReplicaManager, Recorder]) -> None:
+    manager, recorder = setup
+    start(manager, "basic:Stream")
+    t = threading.Thread(target=manager.run_call, args=(call("c1", {"n": 100000}),))
+    t.start()
+    recorder.wait_for("/v1/calls/c1/", lambda e: e["kind"] == "output")
+    manager.cancel(["c1"])
+    t.join(timeout=30)
+    assert kinds(recorder, "c1")[-1] == "cancelled"
+    assert kinds(recorder, "c1").count("cancelled") == 1
+
+
+def test_stop_reports_stopped_and_later_calls_fail(setup: tuple[ReplicaManager, Recorder]) -> None:
+    manager, recorder = setup
+    start(manager, "basic:Echo")
+    manager.stop_replica(StopReplica(replica_id="r1", reason="idle"))
+    assert [e["state"] for e in recorder.events("/v1/replicas/r1/")] == [
+        "starting",
+        "ready",
+        "stopped",
+    ]
+    manager.run_call(call("c1", {}))
+    assert kinds(recorder, "c1") == ["failed"]

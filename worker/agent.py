@@ -1,0 +1,137 @@
+"""The worker agent: register, heartbeat, consume, and shut down cleanly.
+
+One agent per machine. ``Agent.run`` blocks until its stop event is set
+(the CLI sets it on SIGINT/SIGTERM)::
+
+    register ──▶ start consumer ──▶ heartbeat every interval ──▶ stop event
+                                                                    │
+      stop consumer ◀── stop every replica ◀── refuse new work ◀────┘
+
+The worker id is generated once and kept in ``<home>/worker/id``, so a
+restarted agent is the same worker to the control plane and finds messages
+still in its queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from control_plane.protocol import WorkerHeartbeat, WorkerRegister
+from worker.child_protocol import StoreSpec
+from worker.consumer import BrokerConfig, Consumer, Handlers
+from worker.control_client import ControlPlaneClient, ControlPlaneError
+from worker.devices import detect_devices, free_memory_bytes, total_memory_bytes
+from worker.inventory import CacheInventory
+from worker.replicas import ReplicaManager
+from worker.runtimes.base import Runtime
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    home: Path
+    server_url: str
+    api_key: str
+    broker: BrokerConfig
+    store: StoreSpec
+    name: str = ""
+    concurrency: int = 32
+    pool_size: int = 0
+
+
+def worker_id(home: Path) -> str:
+    """This machine's worker id, created on first use."""
+    path = home / "worker" / "id"
+    if path.is_file():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new_id = uuid.uuid4().hex
+    path.write_text(new_id + "\n")
+    return new_id
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        runtime: Runtime,
+        client: ControlPlaneClient,
+        inventory: CacheInventory | None = None,
+    ) -> None:
+        self.config = config
+        self.runtime = runtime
+        self.client = client
+        self.inventory = inventory
+        self.worker_id = worker_id(config.home)
+        self.manager = ReplicaManager(runtime, client, config.store)
+        self.devices = detect_devices()
+        self.heartbeat_interval_s = 2.0
+
+    def register(self) -> None:
+        cached, cache_bytes = self._cache()
+        reply = self.client.register(
+            WorkerRegister(
+                worker_id=self.worker_id,
+                name=self.config.name,
+                devices=self.devices,
+                memory_bytes=total_memory_bytes(),
+                pool_size=self.config.pool_size,
+                cached_manifests=cached,
+                cache_bytes=cache_bytes,
+            )
+        )
+        self.heartbeat_interval_s = reply.heartbeat_interval_s
+        log.info("registered as worker %s, consuming %s", self.worker_id, reply.queue)
+
+    def run(self, stop: threading.Event) -> None:
+        """Serve until ``stop`` is set; always stops replicas and the consumer."""
+        self.register()
+        handlers = Handlers(
+            self.manager.start_replica, self.manager.stop_replica, self.manager.run_call
+        )
+        consumer = Consumer(self.config.broker, self.worker_id, handlers, self.config.concurrency)
+        consumer.start()
+        try:
+            while not stop.wait(self.heartbeat_interval_s):
+                if not consumer.running:
+                    raise RuntimeError(f"the Celery consumer stopped: {consumer.error!r}")
+                self.heartbeat()
+        finally:
+            self.manager.close()
+            self.manager.stop_all()
+            consumer.stop()
+            self.runtime.close()
+            self.client.close()
+
+    def heartbeat(self) -> None:
+        cached, cache_bytes = self._cache()
+        msg = WorkerHeartbeat(
+            replicas=self.manager.reports(),
+            cached_manifests=cached,
+            cache_bytes=cache_bytes,
+            free_memory_bytes=free_memory_bytes(),
+            pool_size=self.config.pool_size,
+            healthy=True,
+        )
+        try:
+            reply = self.client.heartbeat(self.worker_id, msg)
+        except ControlPlaneError as exc:
+            log.warning("heartbeat failed: %s", exc)
+            return
+        self.manager.cancel(reply.cancel_call_ids)
+        for replica_id in reply.stop_replica_ids:
+            threading.Thread(
+                target=self.manager.stop_by_id,
+                args=(replica_id, "the control plane asked"),
+                daemon=True,
+            ).start()
+
+    def _cache(self) -> tuple[list[str], int]:
+        if self.inventory is None:
+            return [], 0
+        return self.inventory.snapshot(self.manager.loaded_digests())
