@@ -1,0 +1,123 @@
+"""Integrity on load: corrupt cache entries heal from the store; corrupt stores fail loudly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import zstandard
+from safetensors.torch import save_file
+
+from snapshotter import codec
+from snapshotter.cache import DiskCache
+from snapshotter.config import CacheConfig, StoreConfig
+from snapshotter.errors import ChunkTooLargeError, IntegrityError
+from snapshotter.loader import Snapshotter
+from snapshotter.manifest import ChunkRef
+from snapshotter.registry import Registry, chunk_key
+from tests.snapshotter.loadkit import (
+    assert_same_tensors,
+    counting_registry,
+    expected_tensors,
+    push,
+)
+
+
+def _tensor_chunks(registry: Registry, digest: str, codec_label: str) -> list[ChunkRef]:
+    """Chunks holding tensor data (not a header) with the given codec."""
+    manifest = registry.get_manifest(digest)
+    out = []
+    for f in manifest.safetensors_files():
+        assert f.safetensors is not None
+        out += [
+            c
+            for c in f.chunks
+            if c.offset >= f.safetensors.data_offset and c.codec == codec_label and c.size > 64
+        ]
+    return out
+
+
+def _flip_byte(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :]
+
+
+def _compressible_model(directory: Path) -> Path:
+    directory.mkdir()
+    pattern = torch.arange(64, dtype=torch.float32).repeat(256, 4)
+    save_file({"a": pattern, "b": torch.zeros(128, 128)}, directory / "model.safetensors")
+    return directory
+
+
+def test_flipped_byte_in_cache_is_dropped_and_refetched(
+    store_config: StoreConfig, tmp_path: Path, llama_dir: Path
+) -> None:
+    registry, store = counting_registry(store_config)
+    digest = push(registry, llama_dir, "llama:v1")
+    cache = DiskCache(CacheConfig(directory=tmp_path / "cache"))
+    Snapshotter(registry, cache).load("llama:v1")  # fills the cache
+    victim = _tensor_chunks(registry, digest, "raw")[0]
+    entry = cache.path(victim.digest)
+    entry.write_bytes(_flip_byte(entry.read_bytes(), codec.HEADER_SIZE + victim.size // 2))
+
+    store.reset()
+    snap = Snapshotter(registry, DiskCache(CacheConfig(directory=tmp_path / "cache")))
+    tensors = snap.load("llama:v1")
+    assert_same_tensors(tensors, expected_tensors(llama_dir))
+    assert store.chunk_gets() == [chunk_key(victim.digest)]
+    assert snap.source.counters().cache_corrupt == 1
+    assert entry.read_bytes() == registry.get_chunk(victim.digest)  # healed
+
+
+def test_corrupt_compressed_cache_entry_is_refetched(tmp_path: Path) -> None:
+    from snapshotter.stores.local import LocalStore
+
+    model = _compressible_model(tmp_path / "zeros")
+    registry = Registry(LocalStore(tmp_path / "store"))
+    digest = push(registry, model, "zeros:v1")
+    victim = _tensor_chunks(registry, digest, "zstd")[0]
+    cache = DiskCache(CacheConfig(directory=tmp_path / "cache"))
+    Snapshotter(registry, cache).load("zeros:v1")
+    entry = cache.path(victim.digest)
+    entry.write_bytes(_flip_byte(entry.read_bytes(), len(entry.read_bytes()) - 2))
+
+    snap = Snapshotter(registry, cache)
+    assert_same_tensors(snap.load("zeros:v1"), expected_tensors(model))
+    assert snap.source.counters().cache_corrupt == 1
+
+
+def test_flipped_byte_in_store_raises_naming_artifact_and_chunk(
+    store_config: StoreConfig, tmp_path: Path, llama_dir: Path
+) -> None:
+    registry, _ = counting_registry(store_config)
+    digest = push(registry, llama_dir, "llama:v1")
+    victim = _tensor_chunks(registry, digest, "raw")[0]
+    obj = registry.get_chunk(victim.digest)
+    registry.put_chunk(victim.digest, _flip_byte(obj, codec.HEADER_SIZE + 3))
+    cache = DiskCache(CacheConfig(directory=tmp_path / "cache"))
+
+    with pytest.raises(IntegrityError) as info:
+        Snapshotter(registry, cache).load("llama:v1")
+    message = str(info.value)
+    assert "llama:v1" in message and victim.digest in message
+    assert victim.digest not in cache  # bad bytes are never cached
+
+
+@pytest.mark.parametrize("write_content_size", [True, False], ids=["claims", "expands"])
+def test_chunk_decompressing_past_its_size_is_rejected(
+    tmp_path: Path, write_content_size: bool
+) -> None:
+    from snapshotter.stores.local import LocalStore
+
+    model = _compressible_model(tmp_path / "zeros")
+    registry = Registry(LocalStore(tmp_path / "store"))
+    digest = push(registry, model, "zeros:v1")
+    victim = _tensor_chunks(registry, digest, "zstd")[0]
+    packer = zstandard.ZstdCompressor(write_content_size=write_content_size)
+    bomb = codec.HEADER.pack(codec.MAGIC, codec.Codec.ZSTD, victim.size) + packer.compress(
+        b"\0" * (victim.size * 4)
+    )
+    registry.put_chunk(victim.digest, bomb)
+
+    with pytest.raises(ChunkTooLargeError, match="zeros:v1"):
+        Snapshotter(registry).load("zeros:v1")
