@@ -16,16 +16,15 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from snapshotter.codec import decode
 from snapshotter.config import CacheConfig, LoaderConfig, S3Config, StoreConfig
 from snapshotter.digest import digest_bytes, hex_part
 from snapshotter.errors import IntegrityError
 from snapshotter.manifest import FileEntry, Manifest
+from snapshotter.pull import fetch_chunk
 from snapshotter.registry import Registry
 from worker.child_protocol import StoreSpec
 
@@ -73,13 +72,7 @@ def is_tensor_file(path: str) -> bool:
 
 def read_file(registry: Registry, entry: FileEntry) -> bytes:
     """A file's bytes, every chunk and the whole file verified against digests."""
-    parts = []
-    for chunk in entry.chunks:
-        raw = decode(registry.get_chunk(chunk.digest), chunk.size)
-        if digest_bytes(raw) != chunk.digest:
-            raise IntegrityError(f"chunk {chunk.digest} of {entry.path} does not match its digest")
-        parts.append(raw)
-    data = b"".join(parts)
+    data = b"".join(fetch_chunk(registry, chunk, entry.path) for chunk in entry.chunks)
     if digest_bytes(data) != entry.digest:
         raise IntegrityError(f"file {entry.path} does not match its digest {entry.digest}")
     return data
@@ -136,30 +129,30 @@ def read_json_file(registry: Registry, manifest: Manifest, path: str) -> dict[st
     return doc
 
 
-def load_weights(registry: Registry, spec: StoreSpec, digest: str, device: str) -> LoadedWeights:
-    """Every tensor of the manifest, on ``device``, with fetch and placement times."""
-    from snapshotter import Snapshotter
-    from snapshotter.cache import DiskCache
+class WeightLoader:
+    """Streams manifests' tensors onto a device; one per replica, reused for adapters."""
 
-    snap = Snapshotter(registry, DiskCache(cache_config(spec)), loader_config(spec))
-    t0 = time.perf_counter()
-    tensors = snap.load(digest, device)
-    total_ms = (time.perf_counter() - t0) * 1000
-    return LoadedWeights(dict(tensors), _weights_phases(getattr(tensors, "report", None), total_ms))
+    def __init__(self, registry: Registry, spec: StoreSpec) -> None:
+        from snapshotter import DiskCache, Snapshotter
 
+        self.snapshotter = Snapshotter(registry, DiskCache(cache_config(spec)), loader_config(spec))
 
-def _weights_phases(report: Any, total_ms: float) -> dict[str, float]:
-    """Split the loader's time into fetch and to-device, per its report when it has one."""
-    fetch_ms = _report_ms(report, ("fetch_ms", "fetch_s"))
-    if fetch_ms is None:
-        return {"weights_fetch": total_ms, "weights_to_device": 0.0}
-    fetch_ms = min(fetch_ms, total_ms)
-    return {"weights_fetch": fetch_ms, "weights_to_device": total_ms - fetch_ms}
+    def load(self, digest: str, device: str) -> LoadedWeights:
+        """Every tensor of the manifest on ``device``, with fetch and to-device times."""
+        tensors = self.snapshotter.load(digest, device)
+        return LoadedWeights(dict(tensors), weights_phases(tensors.report))
 
 
-def _report_ms(report: Any, names: tuple[str, ...]) -> float | None:
-    for name in names:
-        value = getattr(report, name, None)
-        if isinstance(value, int | float):
-            return float(value) * (1000.0 if name.endswith("_s") else 1.0)
-    return None
+def weights_phases(report: Any) -> dict[str, float]:
+    """Split the load's wall time into ``weights_fetch`` and ``weights_to_device``.
+
+    The loader overlaps its stages, so their busy times add up to more than
+    the wall time; the wall time (after setup, which counts as fetch) is
+    split in proportion to fetch + verify/decompress versus placement.
+    """
+    busy_fetch_s = report.fetch.seconds + report.verify_decompress.seconds
+    busy_place_s = report.place.seconds
+    pipelined_s = max(0.0, report.wall_s - report.setup_s)
+    share = busy_place_s / (busy_fetch_s + busy_place_s) if busy_fetch_s + busy_place_s else 0.0
+    to_device_ms = pipelined_s * share * 1000
+    return {"weights_fetch": report.wall_s * 1000 - to_device_ms, "weights_to_device": to_device_ms}

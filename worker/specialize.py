@@ -22,7 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.artifacts import LoadedWeights, load_weights, materialize, open_registry, read_json_file
+from worker.artifacts import (
+    LoadedWeights,
+    WeightLoader,
+    materialize,
+    open_registry,
+    read_json_file,
+)
 from worker.child_protocol import ReplicaSpec
 from worker.sdk import Adapter, Context, accepts_call_context
 
@@ -122,17 +128,18 @@ def _load_model_and_adapters(spec: ReplicaSpec, ctx: Context, phases_ms: dict[st
     if spec.store is None:
         raise ValueError("the replica spec names a model but no store to read it from")
     registry = open_registry(spec.store)
+    loader = WeightLoader(registry, spec.store)
     if spec.model_digest:
         files_root = Path(spec.store.bundles_dir) / "models"
         ctx.files = materialize(registry, spec.model_digest, files_root)
         manifest = registry.get_manifest(spec.model_digest)
         ctx.config = read_json_file(registry, manifest, "config.json")
-        weights = load_weights(registry, spec.store, spec.model_digest, spec.device)
+        weights = loader.load(spec.model_digest, spec.device)
         _add_phases(phases_ms, weights)
         ctx.weights = weights.tensors
     with _phase(phases_ms, "adapters"):
         for ref in spec.adapters:
-            loaded = load_weights(registry, spec.store, ref.digest, spec.device)
+            loaded = loader.load(ref.digest, spec.device)
             manifest = registry.get_manifest(ref.digest)
             config = read_json_file(registry, manifest, "adapter_config.json")
             ctx.adapters[ref.name] = Adapter(ref.name, loaded.tensors, config)
