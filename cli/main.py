@@ -1,0 +1,24 @@
+"""The ``thaw`` command: a thin assembler of sub-apps, one module per noun.
+
+Each sub-app lives in its own module (``cli/models.py`` …) and is added here
+with ``app.add_typer``; nothing else belongs in this file.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from cli import models
+from cli.worker import worker
+
+app = typer.Typer(
+    name="thaw",
+    no_args_is_help=True,
+    help="thaw: serverless GPU functions on your own machines, with fast cold starts.",
+)
+app.add_typer(models.app, name="models")
+app.command("worker")(worker)
+
+
+if __name__ == "__main__":
+    app()
