@@ -24,11 +24,12 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from rich.console import Console
 from rich.table import Table
 
+T = TypeVar("T")
 RESULT_PREFIX = "BENCH_RESULT "
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BYTES_PER_GB = 1e9
@@ -63,7 +64,11 @@ def parse_result(stdout: str) -> dict[str, Any] | None:
 
 
 def run_fresh_process(
-    module: str, spec: dict[str, Any], *, timeout_s: float = 900.0, env: dict[str, str] | None = None
+    module: str,
+    spec: dict[str, Any],
+    *,
+    timeout_s: float = 900.0,
+    env: dict[str, str] | None = None,
 ) -> TrialOutcome:
     """Run ``python -m module SPEC`` from the repository root; return its result.
 
@@ -131,7 +136,7 @@ def gb_per_s(n_bytes: int, seconds: float) -> float:
     return n_bytes / seconds / BYTES_PER_GB if seconds > 0 else 0.0
 
 
-def round_robin_order(rows: Sequence[str], trial: int) -> list[str]:
+def round_robin_order(rows: Sequence[T], trial: int) -> list[T]:
     """The order rows run in for trial ``trial``: all rows, rotated by the trial index.
 
     Every trial runs every row once (interleaved, never all trials of one row

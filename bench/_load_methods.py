@@ -63,7 +63,7 @@ def _read_files(paths: list[str]) -> list[torch.Tensor]:
     fds = [os.open(p, os.O_RDONLY) for p in paths]
     try:
         jobs = [
-            (fd, memoryview(buf.numpy())[off : off + READ_BLOCK_BYTES], off)
+            (fd, buf.numpy().data[off : off + READ_BLOCK_BYTES], off)
             for fd, buf in zip(fds, bufs, strict=True)
             for off in range(0, buf.numel(), READ_BLOCK_BYTES)
         ]

@@ -74,6 +74,18 @@ def summarize_row(row: Row, trials: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _skipped_row(row: Row, reason: str) -> dict[str, Any]:
+    return {
+        "key": row.key,
+        "family": row.family,
+        "label": row.label,
+        "temperature": row.temperature,
+        "device": row.device,
+        "skipped": reason,
+        "trials": [],
+    }
+
+
 def build_document(
     options: dict[str, Any],
     model: ModelInfo,
@@ -84,11 +96,10 @@ def build_document(
     rows = []
     for row in chosen:
         if row.key in skipped:
-            rows.append({"key": row.key, "label": row.label, "temperature": row.temperature,
-                         "device": row.device, "skipped": skipped[row.key], "trials": []})  # fmt: skip
+            rows.append(_skipped_row(row, skipped[row.key]))
         else:
             rows.append(summarize_row(row, records[row.key]))
-    gbps = {r["key"]: r["gb_per_s"] for r in rows if not r["skipped"]}
+    gbps: dict[str, float] = {r["key"]: r["gb_per_s"] for r in rows if not r["skipped"]}
     ratios = []
     for ratio in RATIOS:
         value = ratio_value(gbps, ratio)
@@ -114,18 +125,27 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.2f}"
 
 
-def thaw_stages(rep: dict[str, Any] | None) -> str:
-    """The loader's per-stage bytes and (thread-summed) seconds, in one line."""
-    if not rep:
-        return ""
-    f, d, p = rep["fetch"], rep["verify_decompress"], rep["place"]
-    return (
-        f"fetch {_gb(f['bytes'])} GB/{f['seconds']:.2f}s · "
-        f"verify+decode {_gb(d['bytes'])} GB/{d['seconds']:.2f}s · "
-        f"place {_gb(p['bytes'])} GB/{p['seconds']:.2f}s · "
-        f"cache {_gb(rep['cache_hit_bytes'])} GB, store {_gb(rep['store_bytes'])} GB · "
-        f"setup {rep['setup_s'] * 1e3:.0f} ms"
-    )
+def _stage(stage: dict[str, Any]) -> str:
+    return f"{_gb(stage['bytes'])} / {stage['seconds']:.2f}"
+
+
+def stages_table(doc: dict[str, Any]) -> TableSpec:
+    """thaw's own report of its median trial: bytes (GB) / thread-busy seconds per stage."""
+    cols = [Column("thaw row", "left"), Column("wall s"), Column("setup ms"),
+            Column("fetch GB / s"), Column("verify+decode GB / s"), Column("place GB / s"),
+            Column("from cache GB"), Column("from store GB"), Column("chunks")]  # fmt: skip
+    spec = TableSpec(title="thaw loader stages (median trial)", columns=cols)
+    for r in doc["rows"]:
+        rep = r.get("thaw_report")
+        if r["skipped"] or not rep:
+            continue
+        spec.rows.append([
+            f"{r['label']} [{r['temperature']}]", f"{rep['wall_s']:.3f}",
+            f"{rep['setup_s'] * 1e3:.0f}", _stage(rep["fetch"]), _stage(rep["verify_decompress"]),
+            _stage(rep["place"]), _gb(rep["cache_hit_bytes"]), _gb(rep["store_bytes"]),
+            str(rep["chunks"]),
+        ])  # fmt: skip
+    return spec
 
 
 def _check(row: dict[str, Any]) -> str:
@@ -133,8 +153,9 @@ def _check(row: dict[str, Any]) -> str:
 
 
 def results_table(doc: dict[str, Any]) -> TableSpec:
-    cols = [Column("row", "left"), Column("start", "left"), Column("median s"), Column("p95 s"),
-            Column("GB/s"), Column("GB"), Column("bytes ok", "left"), Column("notes", "left")]  # fmt: skip
+    cols = [Column("row", "left"), Column("start", "left"), Column("median s"),
+            Column("p95 s"), Column("GB/s"), Column("GB"), Column("bytes ok", "left"),
+            Column("note", "left")]  # fmt: skip
     spec = TableSpec(title=f"loader bench, {doc['date']}", columns=cols)
     for r in doc["rows"]:
         if r["skipped"]:
@@ -142,7 +163,7 @@ def results_table(doc: dict[str, Any]) -> TableSpec:
             continue
         spec.rows.append([
             r["label"], r["temperature"], f"{r['median_s']:.3f}", f"{r['p95_s']:.3f}",
-            f"{r['gb_per_s']:.2f}", _gb(r["bytes"]), _check(r), thaw_stages(r["thaw_report"]),
+            f"{r['gb_per_s']:.2f}", _gb(r["bytes"]), _check(r), "",
         ])  # fmt: skip
     return spec
 
@@ -159,8 +180,9 @@ def ratios_table(doc: dict[str, Any]) -> TableSpec:
 
 
 def print_report(doc: dict[str, Any], console: Console) -> None:
-    render_table(results_table(doc), console)
-    render_table(ratios_table(doc), console)
+    for table in (results_table(doc), stages_table(doc), ratios_table(doc)):
+        if table.rows:
+            render_table(table, console)
 
 
 def main(argv: list[str]) -> int:
@@ -168,7 +190,8 @@ def main(argv: list[str]) -> int:
         print("usage: python -m bench._load_report RESULTS.json", file=sys.stderr)
         return 2
     doc = json.loads(Path(argv[1]).read_text())
-    print(markdown_table(results_table(doc)) + "\n\n" + markdown_table(ratios_table(doc)))
+    tables = (results_table(doc), stages_table(doc), ratios_table(doc))
+    print("\n\n".join(f"**{t.title}**\n\n{markdown_table(t)}" for t in tables if t.rows))
     return 0
 
 

@@ -100,7 +100,8 @@ def s3_client(endpoint_url: str) -> Any:
         endpoint_url=endpoint_url,
         region_name=S3_REGION,
         config=Config(max_pool_connections=32),
-        **S3_KEYS,
+        aws_access_key_id=S3_KEYS["aws_access_key_id"],
+        aws_secret_access_key=S3_KEYS["aws_secret_access_key"],
     )
 
 

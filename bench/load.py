@@ -62,7 +62,9 @@ def parse_args(argv: list[str]) -> Options:
     trials = a.trials if a.trials is not None else (1 if a.quick else DEFAULT_TRIALS)
     if trials < 1:
         p.error("--trials must be at least 1")
-    size_mb = a.size_mb if a.size_mb is not None else (QUICK_SIZE_MB if a.quick else DEFAULT_SIZE_MB)
+    size_mb = (
+        a.size_mb if a.size_mb is not None else (QUICK_SIZE_MB if a.quick else DEFAULT_SIZE_MB)
+    )
     methods = [m.strip() for m in a.methods.split(",") if m.strip()] if a.methods else None
     return Options(size_mb, trials, methods, a.quick, a.json, a.data_dir, a.drop)
 
@@ -185,7 +187,7 @@ def run_trials(
     with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task("trials", total=len(rows) * opts.trials)
         for trial in range(opts.trials):
-            for row in round_robin_order(rows, trial):  # type: ignore[arg-type]
+            for row in round_robin_order(rows, trial):
                 desc = f"trial {trial + 1}/{opts.trials}  {row.label} [{row.temperature}]"
                 progress.update(task, description=desc)
                 cache_state = prepare_cache(row, env, opts.drop)
