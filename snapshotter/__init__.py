@@ -60,3 +60,33 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'snapshotter' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
+
+
+# Push side: ``push_directory(dir, "name:tag", Registry(open_store(config)))``,
+# ``pull(ref, dest_dir, registry)`` and ``verify(ref, registry)``.
+if TYPE_CHECKING:
+    from snapshotter.pull import VerifyReport, pull, verify
+    from snapshotter.push import PushResult, push_directory
+    from snapshotter.registry import Registry
+    from snapshotter.stores import open_store
+
+_LAZY.update(
+    {
+        "PushResult": "snapshotter.push",
+        "push_directory": "snapshotter.push",
+        "VerifyReport": "snapshotter.pull",
+        "pull": "snapshotter.pull",
+        "verify": "snapshotter.pull",
+        "Registry": "snapshotter.registry",
+        "open_store": "snapshotter.stores",
+    }
+)
+__all__ += [
+    "PushResult",
+    "Registry",
+    "VerifyReport",
+    "open_store",
+    "pull",
+    "push_directory",
+    "verify",
+]
