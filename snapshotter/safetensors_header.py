@@ -25,7 +25,8 @@ there is one, the tensor:
   tensors, sorted by offset, must tile the data region exactly.
 
 The returned ``SafetensorsInfo`` lists tensors in data order (by offset), which
-is also the loader's default prefetch order.
+is also the loader's default prefetch order;
+empty tensors sharing an offset are ordered by name.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def parse_header(header: bytes, file_size: int, name: str) -> SafetensorsInfo:
     data_offset = LENGTH_PREFIX_BYTES + len(header)
     tensors = sorted(
         (_check_entry(key, entry, name) for key, entry in doc.items()),
-        key=lambda t: (t.begin, t.end),
+        key=lambda t: (t.begin, t.end, t.name),
     )
     _check_tiling(tensors, file_size - data_offset, name)
     return SafetensorsInfo(data_offset=data_offset, tensors=tuple(tensors), metadata=metadata)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
+import random
 import struct
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from snapshotter.errors import BadArtifactError
@@ -124,3 +128,38 @@ def test_many_entries_up_to_the_limit_accepted() -> None:
     entries = {f"t{i}": entry("U8", [0], 0, 0) for i in range(1000)}
     header = json.dumps(entries).encode()
     assert len(parse_header(header, 8 + len(header), "ok").tensors) == 1000
+
+
+@st.composite
+def tensor_tables(draw: st.DrawFn) -> list[tuple[str, str, list[int]]]:
+    names = draw(
+        st.lists(st.text("abc.xyz_0123", min_size=1, max_size=8), unique=True, max_size=12)
+    )
+    dtypes = st.sampled_from(sorted(DTYPE_SIZE_BYTES))
+    shapes = st.lists(st.integers(min_value=0, max_value=5), max_size=3)
+    return [(n, draw(dtypes), draw(shapes)) for n in names if n != "__metadata__"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(tensor_tables(), st.randoms(use_true_random=False))
+def test_any_well_formed_table_round_trips(
+    table: list[tuple[str, str, list[int]]], rnd: random.Random
+) -> None:
+    header: dict[str, Any] = {}
+    position = 0
+    for name, dtype, shape in table:
+        size = math.prod(shape) * DTYPE_SIZE_BYTES[dtype]
+        header[name] = entry(dtype, shape, position, position + size)
+        position += size
+    keys = list(header)
+    rnd.shuffle(keys)  # JSON key order must not matter
+    body = json.dumps({k: header[k] for k in keys}).encode()
+    info = parse_header(body, 8 + len(body) + position, "f")
+    expected = sorted(header.items(), key=lambda kv: (*kv[1]["data_offsets"], kv[0]))
+    assert [(t.name, t.dtype, list(t.shape), [t.begin, t.end]) for t in info.tensors] == [
+        (name, e["dtype"], e["shape"], e["data_offsets"]) for name, e in expected
+    ]
+    assert info.data_offset == 8 + len(body)
+    if position:
+        with pytest.raises(BadArtifactError):
+            parse_header(body, 8 + len(body) + position - 1, "f")
