@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -49,6 +51,23 @@ def test_safetensors_plan_properties(layout: tuple[int, int, list[TensorInfo], i
         else:
             assert begin in starts, f"{t.name} spans several chunks but starts mid-chunk"
             assert t.nbytes > chunk_size
+
+
+@settings(max_examples=300, deadline=None)
+@given(safetensors_layouts())
+def test_small_tensors_are_packed_greedily(
+    layout: tuple[int, int, list[TensorInfo], int],
+) -> None:
+    """A packed chunk is closed only when the next small tensor would not fit."""
+    file_size, data_offset, tensors, chunk_size = layout
+    spans = plan_chunks(file_size, chunk_size, data_offset=data_offset, tensors=tensors)
+    big = [(data_offset + t.begin, data_offset + t.end) for t in tensors if t.nbytes > chunk_size]
+    small_at = {data_offset + t.begin: t for t in tensors if 0 < t.nbytes <= chunk_size}
+    data = [s for s in spans if s.offset >= data_offset]
+    for a, b in itertools.pairwise(data):
+        a_is_piece = any(begin <= a.offset < end for begin, end in big)
+        if not a_is_piece and b.offset in small_at:
+            assert a.size + small_at[b.offset].nbytes > chunk_size
 
 
 @settings(max_examples=200, deadline=None)
