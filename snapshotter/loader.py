@@ -57,7 +57,7 @@ class LoadReport:
     fetch: StageReport  # stored bytes from cache or store
     verify_decompress: StageReport  # raw bytes decoded and hashed
     place: StageReport  # raw bytes put in the buffers (CPU: decoded in place; CUDA: H2D copy)
-    cache_hit_bytes: int  # stored bytes served by the disk cache
+    cache_hit_bytes: int  # bytes read from the disk cache (its entries are raw)
     store_bytes: int  # stored bytes fetched from the store
     cache_hits: int
     store_gets: int

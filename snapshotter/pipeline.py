@@ -142,7 +142,7 @@ class _Run:
             t.place_bytes += sum(p.nbytes for p in work.placements)
             if finished.tier is Tier.CACHE:
                 t.cache_hits += 1
-                t.cache_hit_bytes += work.chunk.stored_size
+                t.cache_hit_bytes += work.chunk.size  # cache entries are raw
             else:
                 t.store_gets += 1
                 t.store_bytes += work.chunk.stored_size

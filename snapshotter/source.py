@@ -3,12 +3,11 @@
 A chunk goes through two stages, so the loader can run them in separate
 thread pools (I/O-bound fetches, CPU-bound verification)::
 
-    fetch(chunk, dest)           cache hit, raw:  read straight into dest
-                                 cache hit, zstd: decode into dest
-                                 miss:            store get -> framed bytes
+    fetch(chunk, dest)           cache hit: read straight into dest (entries are raw)
+                                 miss:      store get -> framed bytes
     finish(fetched, dest)        decode store bytes into dest (capped),
                                  verify blake3(dest) == chunk digest,
-                                 write a verified store object through to the cache
+                                 write verified bytes through to the cache, raw-framed
 
 Failures: a cache entry whose frame or digest is wrong is dropped and the
 chunk is fetched again from the store (counted in ``cache_corrupt``); a
@@ -56,7 +55,8 @@ class SourceCounters:
 
 @dataclass
 class Fetched:
-    """A chunk after the fetch stage. ``obj`` is None when ``dest`` already holds it."""
+    """A chunk after the fetch stage: a cache hit is already in ``dest`` (``obj`` None);
+    a store object is in ``obj``, to be decoded into ``dest`` in stage 2."""
 
     chunk: ChunkRef
     tier: Tier
@@ -107,23 +107,17 @@ class ChunkSource:
         return Fetched(chunk, Tier.STORE, obj, time.perf_counter() - start, len(obj))
 
     def _fetch_cached(self, chunk: ChunkRef, dest: memoryview) -> Fetched | None:
-        # Raw entries go straight into dest; compressed ones are decoded in
-        # stage 2, on the decode pool, like store objects.
+        # Entries are raw-framed (see ``_write_through``): read straight into dest.
         assert self.cache is not None
         try:
-            if chunk.codec == codec.Codec.RAW.label:
-                found = self.cache.read_into(chunk, dest)
-                obj = None
-            else:
-                obj = self.cache.get(chunk.digest)
-                found = obj is not None
+            found = self.cache.read_into(chunk, dest)
         except IntegrityError as exc:
             self._drop_corrupt(chunk, exc)
             return None
         if not found:
             return None
-        self._count(cache_hits=1, cache_hit_bytes=chunk.stored_size)
-        return Fetched(chunk, Tier.CACHE, obj, 0.0, chunk.stored_size)
+        self._count(cache_hits=1, cache_hit_bytes=chunk.size)
+        return Fetched(chunk, Tier.CACHE, None, 0.0, chunk.size)
 
     # --- stage 2 -------------------------------------------------------------
     def finish(self, fetched: Fetched, dest: memoryview) -> Finished:
@@ -136,29 +130,17 @@ class ChunkSource:
         chunk = fetched.chunk
         refetch_s = 0.0
         if fetched.tier is Tier.CACHE:
-            if self._cached_ok(fetched, dest):
+            if _matches(dest, chunk):
                 return Finished(Tier.CACHE, time.perf_counter() - start, 0.0)
+            self._drop_corrupt(chunk, IntegrityError("digest mismatch"))
             refetch_start = time.perf_counter()
             obj = self._get_stored(chunk)
             refetch_s = time.perf_counter() - refetch_start
             fetched = Fetched(chunk, Tier.STORE, obj, refetch_s, len(obj))
         assert fetched.obj is not None
         self._decode_verified(fetched.obj, chunk, dest)
-        self._write_through(chunk, fetched.obj)
+        self._write_through(chunk, dest)
         return Finished(Tier.STORE, time.perf_counter() - start - refetch_s, refetch_s)
-
-    def _cached_ok(self, fetched: Fetched, dest: memoryview) -> bool:
-        chunk = fetched.chunk
-        try:
-            if fetched.obj is not None:
-                codec.decode_into(fetched.obj, dest, chunk.size)
-            if _matches(dest, chunk):
-                return True
-            problem = IntegrityError("digest mismatch")
-        except IntegrityError as exc:
-            problem = exc
-        self._drop_corrupt(chunk, problem)
-        return False
 
     def load_into(self, chunk: ChunkRef, dest: memoryview) -> Tier:
         """Both stages in the calling thread."""
@@ -183,11 +165,12 @@ class ChunkSource:
                 "digest; the store is corrupt: push the artifact again"
             )
 
-    def _write_through(self, chunk: ChunkRef, obj: bytes) -> None:
+    def _write_through(self, chunk: ChunkRef, verified: memoryview) -> None:
+        # The decoded bytes, not the store's object: a hit is then one readinto.
         if self.cache is None:
             return
         try:
-            self.cache.put(chunk.digest, obj)
+            self.cache.put_raw(chunk.digest, verified)
         except StoreError as exc:
             self._count(cache_write_errors=1)
             log.warning("chunk %s not cached: %s", chunk.digest, exc)

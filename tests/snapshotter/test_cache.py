@@ -94,6 +94,19 @@ def test_put_then_read_into_round_trips(tmp_path: Path, raw: bytes) -> None:
     assert cache.path(ref.digest).read_bytes() == framed  # same object as in the store
 
 
+def test_put_raw_frames_raw_and_reads_back(tmp_path: Path) -> None:
+    cache = _cache(tmp_path)
+    raw = b"\0" * 5000  # compressible, but kept raw in the cache
+    ref, _ = _chunk(raw)
+    cache.put_raw(ref.digest, memoryview(raw))
+    framed_raw = codec.HEADER.pack(codec.MAGIC, codec.Codec.RAW, len(raw)) + raw
+    assert cache.path(ref.digest).read_bytes() == framed_raw
+    dest = bytearray(ref.size)
+    assert cache.read_into(ref, memoryview(dest))
+    assert bytes(dest) == raw
+    assert cache.total_bytes == codec.HEADER_SIZE + len(raw)
+
+
 def test_miss_returns_false(tmp_path: Path) -> None:
     ref, _ = _chunk(b"abc")
     assert not _cache(tmp_path).read_into(ref, memoryview(bytearray(3)))

@@ -69,7 +69,7 @@ def test_flipped_byte_in_cache_is_dropped_and_refetched(
     assert entry.read_bytes() == registry.get_chunk(victim.digest)  # healed
 
 
-def test_corrupt_compressed_cache_entry_is_refetched(tmp_path: Path) -> None:
+def test_compressed_chunk_is_cached_decoded_and_heals_when_corrupt(tmp_path: Path) -> None:
     from snapshotter.stores.local import LocalStore
 
     model = _compressible_model(tmp_path / "zeros")
@@ -79,11 +79,13 @@ def test_corrupt_compressed_cache_entry_is_refetched(tmp_path: Path) -> None:
     cache = DiskCache(CacheConfig(directory=tmp_path / "cache"))
     Snapshotter(registry, cache).load("zeros:v1")
     entry = cache.path(victim.digest)
+    assert entry.stat().st_size == codec.HEADER_SIZE + victim.size  # stored decoded
     entry.write_bytes(_flip_byte(entry.read_bytes(), len(entry.read_bytes()) - 2))
 
     snap = Snapshotter(registry, cache)
     assert_same_tensors(snap.load("zeros:v1"), expected_tensors(model))
     assert snap.source.counters().cache_corrupt == 1
+    assert snap.source.counters().store_gets == 1
 
 
 def test_flipped_byte_in_store_raises_naming_artifact_and_chunk(
