@@ -279,6 +279,8 @@ def _add_output(session: Session, metrics: Metrics | None, now: float, row: Call
     session.add(chunk)
     if row.first_output_at is None:
         row.first_output_at = now
+        first_ms = (now - row.accepted_at) * 1000
+        row.timings_json = json.dumps({**json.loads(row.timings_json), "first_output": first_ms})
         if metrics is not None:
             metrics.first_output_s.labels(row.function, str(row.cold).lower()).observe(
                 max(0.0, now - row.accepted_at)

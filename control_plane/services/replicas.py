@@ -171,3 +171,10 @@ def counts_by_state(session: Session) -> dict[tuple[str, str], int]:
         .group_by(Replica.function, Replica.state)
     ).all()
     return {(str(f), str(s)): int(n) for f, s, n in rows}
+
+
+def function_of(session: Session, replica_id: str) -> str:
+    row = session.get(Replica, replica_id)
+    if row is None:
+        raise NotFoundError(f"no replica {replica_id!r}")
+    return row.function

@@ -1,0 +1,118 @@
+"""The app factory: ``create_app(settings) -> FastAPI``.
+
+It migrates the database (idempotent), creates the first admin key on an
+empty installation (``app.state.bootstrap_admin_key``; also written to
+``admin_key_file`` when set), wires the services, and runs the reconcile
+loop for the app's lifetime (lifespan). Parts may be injected for tests:
+a dispatcher, a clock, a bundle validator.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from control_plane.api import errors
+from control_plane.api.limits import BodySizeLimit
+from control_plane.api.routes import calls, functions, health, invoke, keys, models, workers
+from control_plane.clock import Clock, system_clock
+from control_plane.db import migrate
+from control_plane.db.session import Database
+from control_plane.dispatch.base import Dispatcher
+from control_plane.loop import BackgroundLoop
+from control_plane.metrics import Metrics
+from control_plane.notifier import InProcessNotifier
+from control_plane.services import keys as key_service
+from control_plane.services.bundles import BundleValidator, subprocess_validator
+from control_plane.services.context import Services
+from control_plane.services.invocations import Invocations
+from control_plane.services.reconciler import Reconciler
+from control_plane.settings import Settings
+from snapshotter.registry import Registry
+from snapshotter.stores import open_store
+
+
+def default_dispatcher(settings: Settings) -> Dispatcher:
+    from control_plane.dispatch.celery_app import make_celery
+    from control_plane.dispatch.celery_dispatcher import CeleryDispatcher
+
+    app = make_celery(
+        settings.broker_url_resolved(), settings.broker_folder(), settings.broker_poll_interval_s
+    )
+    return CeleryDispatcher(app)
+
+
+def build_services(
+    settings: Settings,
+    dispatcher: Dispatcher | None = None,
+    clock: Clock = system_clock,
+    validate_bundle: BundleValidator | None = None,
+) -> Services:
+    db = Database(settings.database_url_resolved())
+    return Services(
+        settings=settings,
+        db=db,
+        dispatcher=dispatcher or default_dispatcher(settings),
+        notifier=InProcessNotifier(),
+        metrics=Metrics(),
+        clock=clock,
+        registry_factory=lambda: Registry(open_store(settings.store_config())),
+        validate_bundle=validate_bundle or subprocess_validator(settings.deploy_validate_timeout_s),
+    )
+
+
+def _bootstrap(services: Services) -> str | None:
+    with services.db.session() as s:
+        token = key_service.bootstrap_admin(s, services.clock())
+    path = services.settings.admin_key_file
+    if token is not None and path is not None:
+        _write_secret(path, token)
+    return token
+
+
+def _write_secret(path: Path, token: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+
+
+def create_app(
+    settings: Settings,
+    *,
+    dispatcher: Dispatcher | None = None,
+    clock: Clock = system_clock,
+    validate_bundle: BundleValidator | None = None,
+    run_loop: bool = True,
+) -> FastAPI:
+    migrate.upgrade(settings.database_url_resolved())
+    services = build_services(settings, dispatcher, clock, validate_bundle)
+    reconciler = Reconciler(services)
+    loop = BackgroundLoop(reconciler, settings.reconcile_interval_s)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if run_loop:
+            loop.start()
+        try:
+            yield
+        finally:
+            if run_loop:
+                loop.stop()
+            services.dispatcher.close()
+            services.db.dispose()
+
+    app = FastAPI(title="thaw control plane", version="1", lifespan=lifespan)
+    app.state.services = services
+    app.state.reconciler = reconciler
+    app.state.invocations = Invocations(services, reconciler)
+    app.state.bootstrap_admin_key = _bootstrap(services)
+    errors.install(app)
+    for module in (health, keys, models, functions, invoke, calls, workers):
+        app.include_router(module.router)
+    app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes)
+    return app

@@ -1,0 +1,42 @@
+"""Typed dependencies: the app's services and the calling key (``PrincipalDep``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from control_plane.services import keys
+from control_plane.services.context import Services
+from control_plane.services.invocations import Invocations
+from control_plane.services.keys import Principal
+
+bearer = HTTPBearer(auto_error=False, description="an API key: thaw_<id>_<secret>")
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+def get_invocations(request: Request) -> Invocations:
+    inv: Invocations = request.app.state.invocations
+    return inv
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+InvocationsDep = Annotated[Invocations, Depends(get_invocations)]
+
+
+def get_principal(
+    services: ServicesDep,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Principal:
+    """The key in ``Authorization: Bearer``; 401 when missing, malformed or revoked."""
+    token = creds.credentials if creds is not None else None
+    with services.db.session() as session:
+        return keys.authenticate(session, token)
+
+
+PrincipalDep = Annotated[Principal, Depends(get_principal)]

@@ -1,0 +1,61 @@
+"""The one place errors become HTTP statuses."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from control_plane.api.timing import call_headers
+from control_plane.errors import (
+    BadRequestError,
+    ConflictError,
+    ControlPlaneError,
+    DeadlineExceededError,
+    ForbiddenError,
+    NoCapacityError,
+    NotFoundError,
+    PayloadTooLargeError,
+    UnauthorizedError,
+)
+from control_plane.protocol import ProtocolVersionError
+from snapshotter.errors import InvalidReferenceError, SnapshotterError
+from snapshotter.errors import NotFoundError as StoreNotFound
+
+STATUS_BY_ERROR: list[tuple[type[Exception], int]] = [
+    (BadRequestError, 400),
+    (UnauthorizedError, 401),
+    (ForbiddenError, 403),
+    (NotFoundError, 404),
+    (ConflictError, 409),
+    (PayloadTooLargeError, 413),
+    (NoCapacityError, 503),
+    (DeadlineExceededError, 504),
+    (ProtocolVersionError, 400),
+    (InvalidReferenceError, 400),
+    (StoreNotFound, 404),
+    (SnapshotterError, 502),
+]
+
+
+def status_for(exc: Exception) -> int:
+    for cls, status in STATUS_BY_ERROR:
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
+async def _handle(request: Request, exc: Exception) -> JSONResponse:
+    status = status_for(exc)
+    headers: dict[str, str] = {}
+    body: dict[str, object] = {"detail": str(exc)}
+    if isinstance(exc, DeadlineExceededError):
+        headers = call_headers(exc.call_id, cold=bool(exc.phases_ms), phases_ms=exc.phases_ms)
+        body.update(call_id=exc.call_id, phases_ms=exc.phases_ms)
+    if isinstance(exc, UnauthorizedError):
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    for cls in (ControlPlaneError, ProtocolVersionError, SnapshotterError):
+        app.add_exception_handler(cls, _handle)

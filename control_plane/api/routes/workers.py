@@ -1,0 +1,39 @@
+"""Worker agents: register, heartbeat, and report replica events."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from control_plane.api.deps import InvocationsDep, PrincipalDep
+from control_plane.protocol import (
+    HeartbeatReply,
+    ReplicaEvent,
+    WorkerHeartbeat,
+    WorkerRegister,
+    WorkerRegistered,
+)
+
+router = APIRouter(tags=["workers"])
+
+
+@router.post("/v1/workers/register")
+def register(msg: WorkerRegister, who: PrincipalDep, inv: InvocationsDep) -> WorkerRegistered:
+    who.require("worker")
+    return inv.register(msg)
+
+
+@router.post("/v1/workers/{worker_id}/heartbeat")
+def heartbeat(
+    worker_id: str, msg: WorkerHeartbeat, who: PrincipalDep, inv: InvocationsDep
+) -> HeartbeatReply:
+    who.require("worker")
+    return inv.heartbeat(worker_id, msg)
+
+
+@router.post("/v1/replicas/{replica_id}/events", status_code=200)
+def replica_event(
+    replica_id: str, ev: ReplicaEvent, who: PrincipalDep, inv: InvocationsDep
+) -> Response:
+    who.require("worker")
+    inv.replica_event(replica_id, ev)
+    return Response(status_code=200)

@@ -1,0 +1,35 @@
+"""The headers every invoke response carries: call id, cold or warm, Server-Timing."""
+
+from __future__ import annotations
+
+import re
+
+from control_plane.services.calls import CallView
+
+_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def server_timing(*parts: dict[str, float]) -> str:
+    """``name;dur=ms`` entries (RFC Server-Timing), phases first, then call timings."""
+    entries = []
+    for d in parts:
+        for name, ms in d.items():
+            entries.append(f"{_TOKEN.sub('_', name)};dur={float(ms):.1f}")
+    return ", ".join(entries)
+
+
+def call_headers(
+    call_id: str,
+    cold: bool,
+    phases_ms: dict[str, float],
+    timings_ms: dict[str, float] | None = None,
+) -> dict[str, str]:
+    headers = {"X-Thaw-Call-Id": call_id, "X-Thaw-Cold": "true" if cold else "false"}
+    timing = server_timing(phases_ms, timings_ms or {})
+    if timing:
+        headers["Server-Timing"] = timing
+    return headers
+
+
+def headers_for(view: CallView) -> dict[str, str]:
+    return call_headers(view.id, view.cold, view.phases_ms, view.timings_ms)

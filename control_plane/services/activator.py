@@ -1,0 +1,119 @@
+"""Holding a caller until its call ends, or its deadline passes.
+
+A synchronous or streaming request waits here while the call is queued
+(perhaps for a replica that is still starting) and while it runs. Waiting is
+wake-ups from the notifier plus a re-read of the database at least every
+``result_poll_interval_s`` (another control-plane process may have recorded
+the result). When the deadline passes first, the call is ended as
+``timeout`` (guarded: if a result won the race, the result is returned) and
+``DeadlineExceededError`` carries the cold-start phases seen so far.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy.orm import Session
+
+from control_plane.errors import DeadlineExceededError
+from control_plane.services import calls, replicas
+from control_plane.services.calls import CallView
+from control_plane.services.context import Services
+
+
+@dataclass(frozen=True)
+class StreamItem:
+    kind: Literal["output", "done", "error"]
+    data: Any
+    call: CallView | None = None
+
+
+class Activator:
+    def __init__(self, services: Services) -> None:
+        self.s = services
+
+    def _read(self, call_id: str) -> CallView:
+        with self.s.db.session() as session:
+            return calls.get(session, call_id)
+
+    def _wait(self, call_id: str, seen: int, deadline_at: float) -> int:
+        remaining_s = deadline_at - self.s.clock()
+        timeout_s = max(0.0, min(self.s.settings.result_poll_interval_s, remaining_s))
+        return self.s.notifier.wait(call_id, seen, timeout_s)
+
+    def wait_final(self, call_id: str) -> CallView:
+        """The call once final. Raises ``DeadlineExceededError`` at its deadline."""
+        seen = 0
+        while True:
+            view = self._read(call_id)
+            if view.final:
+                return view
+            if self.s.clock() >= view.deadline_at:
+                return self._expire(view)
+            seen = self._wait(call_id, seen, view.deadline_at)
+
+    def stream(self, call_id: str) -> Iterator[StreamItem]:
+        """Each streamed output in order, then ``done`` (the call) or ``error``."""
+        seen, last_seq = 0, 0
+        while True:
+            with self.s.db.session() as session:
+                view = calls.get(session, call_id)
+                chunks = calls.outputs_after(session, call_id, view.attempt, last_seq)
+            for seq, out in chunks:
+                last_seq = seq
+                yield StreamItem("output", out)
+            if view.final:
+                kind: Literal["done", "error"] = "done" if view.status == "succeeded" else "error"
+                yield StreamItem(kind, view.output if kind == "done" else view.error, view)
+                return
+            if self.s.clock() >= view.deadline_at:
+                try:
+                    view = self._expire(view)
+                except DeadlineExceededError as exc:
+                    yield StreamItem("error", str(exc), self._read(call_id))
+                    return
+                continue
+            seen = self._wait(call_id, seen, view.deadline_at)
+
+    def _expire(self, view: CallView) -> CallView:
+        now = self.s.clock()
+        with self.s.db.session() as session:
+            won = calls.finalize(
+                session, self.s.metrics, now, view.id, "timeout", error="the call's deadline passed"
+            )
+            phases = self._phases_so_far(session, view)
+        self.s.notifier.notify(view.id)
+        if not won:
+            return self._read(view.id)
+        raise DeadlineExceededError(
+            f"call {view.id} did not finish within its deadline "
+            f"({view.deadline_at - view.accepted_at:.3f} s); see the phases for where time went",
+            view.id,
+            phases,
+        )
+
+    def _phases_so_far(self, session: Session, view: CallView) -> dict[str, float]:
+        if view.phases_ms:
+            return view.phases_ms
+        # Still queued: the newest replica being started for it has the phases.
+        live = replicas.live(session, view.function)
+        starting = [r for r in live if r.state in ("pending", "starting")]
+        return json.loads(starting[-1].phases_json) if starting else {}
+
+
+def wait_dispatched(activator: Activator, call_id: str) -> CallView:
+    """The call once it left the queue (so cold/warm is known), or once final.
+
+    Raises ``DeadlineExceededError`` when the deadline passes while queued.
+    """
+    seen = 0
+    while True:
+        view = activator._read(call_id)
+        if view.final or view.status != "queued":
+            return view
+        if activator.s.clock() >= view.deadline_at:
+            return activator._expire(view)
+        seen = activator._wait(call_id, seen, view.deadline_at)

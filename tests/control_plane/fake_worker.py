@@ -1,0 +1,179 @@
+"""A worker stand-in for control-plane tests: real HTTP, real protocol messages.
+
+It registers and heartbeats through the served API with a ``worker`` key,
+consumes its queue from the ``InMemoryDispatcher`` (the same JSON a Celery
+worker would get), and answers with ReplicaEvents and CallEvents. What a call
+does is read from its input (a dict):
+
+    {"sleep_s": 0.5}          sleep before answering
+    {"fail": "boom"}          end as failed with that error
+    {"chunks": 3}             with stream: three outputs, then succeeded
+    anything else             succeeded with {"echo": input, "adapter": adapter}
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from typing import Any
+
+import httpx
+
+from control_plane.dispatch.memory import InMemoryDispatcher
+from control_plane.protocol import (
+    TASK_RUN_CALL,
+    TASK_START_REPLICA,
+    TASK_STOP_REPLICA,
+    CallEvent,
+    DeviceInfo,
+    HeartbeatReply,
+    ReplicaEvent,
+    ReplicaReport,
+    RunCall,
+    StartReplica,
+    StopReplica,
+    WorkerHeartbeat,
+    WorkerRegister,
+)
+
+
+class FakeWorker:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        dispatcher: InMemoryDispatcher,
+        *,
+        start_delay_s: float = 0.0,
+        fail_start: str | None = None,
+        heartbeat_interval_s: float = 0.1,
+        cached_manifests: list[str] | None = None,
+    ) -> None:
+        self.id = uuid.uuid4().hex
+        self.http = httpx.Client(
+            base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+        )
+        self.inbox = dispatcher.queue_for(self.id)
+        self.start_delay_s = start_delay_s
+        self.fail_start = fail_start
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.cached_manifests = cached_manifests or []
+        self.received: list[tuple[str, dict[str, Any]]] = []
+        self.replicas: dict[str, str] = {}
+        self.cancelled: set[str] = set()
+        self.heartbeating = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # --- life -------------------------------------------------------------------
+    def start(self) -> FakeWorker:
+        msg = WorkerRegister(
+            worker_id=self.id,
+            name="fake",
+            devices=[DeviceInfo(kind="cpu", name="cpu", memory_bytes=1 << 30)],
+            memory_bytes=1 << 30,
+            cached_manifests=self.cached_manifests,
+        )
+        r = self.http.post("/v1/workers/register", json=msg.model_dump(mode="json"))
+        r.raise_for_status()
+        self.heartbeating.set()
+        for target in (self._consume, self._heartbeat):
+            t = threading.Thread(target=target, daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(5)
+        self.http.close()
+
+    # --- queue ------------------------------------------------------------------
+    def _consume(self) -> None:
+        while not self._stop.is_set():
+            try:
+                task, payload = self.inbox.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            self.received.append((task, payload))
+            if task == TASK_START_REPLICA:
+                self._spawn(self._start_replica, StartReplica.model_validate(payload))
+            elif task == TASK_STOP_REPLICA:
+                self._stop_replica(StopReplica.model_validate(payload))
+            elif task == TASK_RUN_CALL:
+                self._spawn(self._run_call, RunCall.model_validate(payload))
+
+    def _spawn(self, fn: Any, msg: Any) -> None:
+        threading.Thread(target=fn, args=(msg,), daemon=True).start()
+
+    def _replica_event(self, replica_id: str, ev: ReplicaEvent) -> None:
+        self.http.post(f"/v1/replicas/{replica_id}/events", json=ev.model_dump(mode="json"))
+
+    def _start_replica(self, msg: StartReplica) -> None:
+        self.replicas[msg.replica_id] = "starting"
+        self._replica_event(msg.replica_id, ReplicaEvent(state="starting"))
+        time.sleep(self.start_delay_s)
+        if self.fail_start is not None:
+            self.replicas[msg.replica_id] = "failed"
+            ev = ReplicaEvent(state="failed", error=self.fail_start)
+            self._replica_event(msg.replica_id, ev)
+            return
+        phases = {
+            "pool_acquire": 1.0,
+            "weights_fetch": self.start_delay_s * 1000,
+            "user_setup": 2.0,
+        }
+        self.replicas[msg.replica_id] = "ready"
+        self._replica_event(msg.replica_id, ReplicaEvent(state="ready", phases_ms=phases))
+
+    def _stop_replica(self, msg: StopReplica) -> None:
+        self.replicas[msg.replica_id] = "stopped"
+        self._replica_event(msg.replica_id, ReplicaEvent(state="stopped"))
+
+    def _call_event(self, msg: RunCall, **kw: Any) -> int:
+        ev = CallEvent(attempt=msg.attempt, **kw)
+        r = self.http.post(f"/v1/calls/{msg.call_id}/events", json=ev.model_dump(mode="json"))
+        return r.status_code
+
+    def _run_call(self, msg: RunCall) -> None:
+        if self._call_event(msg, kind="started") == 409:
+            return
+        data = msg.input if isinstance(msg.input, dict) else {}
+        deadline = time.monotonic() + float(data.get("sleep_s", 0))
+        while time.monotonic() < deadline:
+            if msg.call_id in self.cancelled:
+                self._call_event(msg, kind="cancelled")
+                return
+            time.sleep(0.01)
+        if "fail" in data:
+            self._call_event(msg, kind="failed", error=str(data["fail"]))
+            return
+        if msg.stream:
+            for i in range(int(data.get("chunks", 1))):
+                self._call_event(msg, kind="output", output={"i": i})
+        out = {"echo": msg.input, "adapter": msg.adapter}
+        self._call_event(msg, kind="succeeded", output=out, timings_ms={"execution": 1.0})
+
+    # --- heartbeats -------------------------------------------------------------
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.heartbeat_interval_s):
+            if not self.heartbeating.is_set():
+                continue
+            reports = [
+                ReplicaReport(replica_id=rid, state=state)  # type: ignore[arg-type]
+                for rid, state in list(self.replicas.items())
+                if state in ("starting", "ready")
+            ]
+            msg = WorkerHeartbeat(replicas=reports, cached_manifests=self.cached_manifests)
+            try:
+                r = self.http.post(
+                    f"/v1/workers/{self.id}/heartbeat", json=msg.model_dump(mode="json")
+                )
+            except httpx.HTTPError:
+                continue
+            if r.status_code == 200:
+                reply = HeartbeatReply.model_validate(r.json())
+                self.cancelled.update(reply.cancel_call_ids)
