@@ -64,6 +64,15 @@ def detect_kind(root: Path) -> ArtifactKind:
 
 def inspect_directory(root: Path, kind: ArtifactKind | None = None) -> ArtifactDir:
     """Validate the directory at ``root`` and list its files. Reads headers only."""
+    try:
+        return _inspect(root, kind)
+    except OSError as exc:
+        raise BadArtifactError(
+            f"cannot read {exc.filename or root}: {exc.strerror or exc}; check its permissions"
+        ) from exc
+
+
+def _inspect(root: Path, kind: ArtifactKind | None) -> ArtifactDir:
     if not root.is_dir():
         raise BadArtifactError(f"{root} is not a directory; give the model or adapter folder")
     root = root.resolve()
@@ -91,7 +100,7 @@ def inspect_directory(root: Path, kind: ArtifactKind | None = None) -> ArtifactD
 def _walk(root: Path) -> list[tuple[str, Path]]:
     """(relative POSIX path, path) for every non-directory entry, sorted by path."""
     out: list[tuple[str, Path]] = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root, onerror=_raise):
         here = Path(dirpath)
         dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS)
         for d in dirnames:
@@ -105,6 +114,11 @@ def _walk(root: Path) -> list[tuple[str, Path]]:
             rel = path.relative_to(root).as_posix()
             out.append((rel, path))
     return sorted(out)
+
+
+def _raise(exc: OSError) -> None:
+    # os.walk skips unreadable folders silently; a push must not.
+    raise exc
 
 
 def _regular_target(root: Path, rel: str, path: Path) -> Path:

@@ -27,7 +27,7 @@ from typing import BinaryIO
 
 from snapshotter import codec
 from snapshotter.digest import Hasher, digest_bytes
-from snapshotter.errors import BadArtifactError, IntegrityError, NotFoundError
+from snapshotter.errors import BadArtifactError, IntegrityError, NotFoundError, SnapshotterError
 from snapshotter.manifest import ChunkRef, FileEntry, Manifest
 from snapshotter.registry import Reference, Registry
 
@@ -122,7 +122,12 @@ def pull(
     counter = _Counter(manifest, progress)
     with ThreadPoolExecutor(max(1, threads), thread_name_prefix="thaw-pull") as pool:
         for target, entry in targets:
-            _write_file(pool, registry, label, target, entry, counter, 2 * threads)
+            try:
+                _write_file(pool, registry, label, target, entry, counter, 2 * threads)
+            except OSError as exc:
+                raise SnapshotterError(
+                    f"cannot write {target}: {exc.strerror or exc}; check the destination"
+                ) from exc
     return PullResult(label, digest, len(manifest.files), manifest.raw_size)
 
 

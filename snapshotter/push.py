@@ -241,11 +241,14 @@ class _Uploader:
 
 
 def _read_spans(f: SourceFile, spans: list[Span]) -> Iterator[tuple[Span, bytes]]:
-    with f.source.open("rb") as handle:
-        for span in spans:
-            yield span, _read_exact(handle, span, f.rel_path)
-        if handle.read(1):
-            raise BadArtifactError(f"{f.rel_path} grew while it was pushed; push again")
+    try:
+        with f.source.open("rb") as handle:
+            for span in spans:
+                yield span, _read_exact(handle, span, f.rel_path)
+            if handle.read(1):
+                raise BadArtifactError(f"{f.rel_path} grew while it was pushed; push again")
+    except OSError as exc:
+        raise BadArtifactError(f"cannot read {f.rel_path}: {exc}") from exc
 
 
 def _read_exact(handle: BinaryIO, span: Span, rel_path: str) -> bytes:

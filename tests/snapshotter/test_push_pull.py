@@ -20,6 +20,7 @@ from snapshotter.errors import (
     IntegrityError,
     InvalidReferenceError,
     NotFoundError,
+    SnapshotterError,
     StoreError,
 )
 from snapshotter.manifest import ArtifactKind, Manifest
@@ -412,3 +413,23 @@ def test_digest_reference_refused_for_push(store_config: StoreConfig, tmp_path: 
     with pytest.raises(InvalidReferenceError, match="NAME:TAG"):
         push_directory(root, "blake3:" + "0" * 64, Registry(store))
     assert list(store.list("")) == []
+
+
+def test_pull_into_a_file_is_a_clear_error(adapter_dirs: list[Path], tmp_path: Path) -> None:
+    registry = Registry(open_store(StoreConfig(str(tmp_path / "store"))))
+    push_directory(adapter_dirs[0], "lora:v1", registry)
+    (tmp_path / "taken").write_text("a file, not a folder")
+    with pytest.raises(SnapshotterError, match=r"cannot write .*taken.*check the destination"):
+        pull("lora:v1", tmp_path / "taken", registry)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_file_refused_before_writing(tmp_path: Path) -> None:
+    root = _model_dir(tmp_path)
+    (root / "config.json").chmod(0)
+    store = open_store(StoreConfig(str(tmp_path / "store")))
+    try:
+        with pytest.raises(BadArtifactError, match=r"cannot read .*config\.json"):
+            push_directory(root, "m:v1", Registry(store))
+    finally:
+        (root / "config.json").chmod(0o644)
