@@ -14,7 +14,12 @@ from typing import Any, NoReturn
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    EndpointConnectionError,
+    NoCredentialsError,
+)
 
 from snapshotter.config import S3Config
 from snapshotter.errors import NotFoundError, StoreError
@@ -99,6 +104,16 @@ class S3Store(Store):
             self._raise(exc, "list", prefix or "(all keys)")
 
     def _raise(self, exc: Exception, verb: str, key: str) -> NoReturn:
+        if isinstance(exc, EndpointConnectionError):
+            raise StoreError(
+                f"cannot {verb} {key} in {self.url}: {exc}; check THAW_S3_ENDPOINT_URL and "
+                "that the S3 server is up"
+            ) from exc
+        if isinstance(exc, NoCredentialsError):
+            raise StoreError(
+                f"cannot {verb} {key} in {self.url}: no S3 credentials; set "
+                "THAW_S3_ACCESS_KEY_ID and THAW_S3_SECRET_ACCESS_KEY"
+            ) from exc
         code = _error_code(exc) if isinstance(exc, ClientError) else None
         if code in _MISSING_CODES:
             raise NotFoundError(f"{key} is not in store {self.url}") from None

@@ -109,3 +109,12 @@ def test_s3_without_prefix(s3_endpoint: str) -> None:
     store.put("tags/a/b", b"d")
     assert list(store.list("tags/")) == ["tags/a/b"]
     assert store.get("tags/a/b") == b"d"
+
+
+def test_s3_unreachable_endpoint_is_a_clear_store_error() -> None:
+    from tests.fixtures.s3 import _free_port
+
+    endpoint = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    config = StoreConfig(url="s3://b/p", s3=S3Config(endpoint_url=endpoint, **S3_KEYS))
+    with pytest.raises(StoreError, match="check THAW_S3_ENDPOINT_URL"):
+        open_store(config).get("chunks/aa/x")
