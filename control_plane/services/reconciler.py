@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call, Replica
 from control_plane.errors import NoCapacityError, NotFoundError
+from control_plane.metrics import Metrics
 from control_plane.protocol import RunCall, StartReplica, StopReplica
 from control_plane.services import calls, functions, replicas, workers
 from control_plane.services.autoscaler import ScaleState, desired_replicas
@@ -197,18 +198,7 @@ class Reconciler:
                 self._drain_if_idle(session, r, "function deleted", box)
 
     def _gauges(self, session: Session) -> None:
-        m = self.s.metrics
-        m.replicas.clear()
-        for (fn, state), n in replicas.counts_by_state(session).items():
-            m.replicas.labels(fn, state).set(n)
-        m.queue_depth.clear()
-        rows = session.execute(
-            select(Call.function, func.count(Call.id))
-            .where(Call.status == "queued")
-            .group_by(Call.function)
-        ).all()
-        for fn, n in rows:
-            m.queue_depth.labels(fn).set(n)
+        refresh_gauges(session, self.s.metrics)
 
     # --- after commit ---------------------------------------------------------
     def _send(self, box: Outbox) -> None:
@@ -239,6 +229,21 @@ class Reconciler:
                 .where(Call.id == call_id, Call.status == "dispatched")
                 .values(status="queued", replica_id=None)
             )
+
+
+def refresh_gauges(session: Session, m: Metrics) -> None:
+    """Set the replica and queue-depth gauges from the database (ticks and scrapes)."""
+    m.replicas.clear()
+    for (fn, state), n in replicas.counts_by_state(session).items():
+        m.replicas.labels(fn, state).set(n)
+    m.queue_depth.clear()
+    rows = session.execute(
+        select(Call.function, func.count(Call.id))
+        .where(Call.status == "queued")
+        .group_by(Call.function)
+    ).all()
+    for fn, n in rows:
+        m.queue_depth.labels(fn).set(n)
 
 
 def _try(send: Callable[[str, Any], None], worker_id: str, msg: Any) -> bool:

@@ -76,8 +76,7 @@ class FakeWorker:
             memory_bytes=1 << 30,
             cached_manifests=self.cached_manifests,
         )
-        r = self.http.post("/v1/workers/register", json=msg.model_dump(mode="json"))
-        r.raise_for_status()
+        assert self._post("/v1/workers/register", msg) == 200
         self.heartbeating.set()
         for target in (self._consume, self._heartbeat):
             t = threading.Thread(target=target, daemon=True)
@@ -87,7 +86,7 @@ class FakeWorker:
 
     def stop(self) -> None:
         self._stop.set()
-        for t in self._threads:
+        for t in list(self._threads):
             t.join(5)
         self.http.close()
 
@@ -107,15 +106,27 @@ class FakeWorker:
                 self._spawn(self._run_call, RunCall.model_validate(payload))
 
     def _spawn(self, fn: Any, msg: Any) -> None:
-        threading.Thread(target=fn, args=(msg,), daemon=True).start()
+        t = threading.Thread(target=fn, args=(msg,), daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _post(self, path: str, body: Any) -> int:
+        """POST unless the worker is stopping; the status code (0 when not sent)."""
+        if self._stop.is_set():
+            return 0
+        try:
+            return self.http.post(path, json=body.model_dump(mode="json")).status_code
+        except (httpx.HTTPError, RuntimeError):
+            return 0  # the server or this client is shutting down
 
     def _replica_event(self, replica_id: str, ev: ReplicaEvent) -> None:
-        self.http.post(f"/v1/replicas/{replica_id}/events", json=ev.model_dump(mode="json"))
+        self._post(f"/v1/replicas/{replica_id}/events", ev)
 
     def _start_replica(self, msg: StartReplica) -> None:
         self.replicas[msg.replica_id] = "starting"
         self._replica_event(msg.replica_id, ReplicaEvent(state="starting"))
-        time.sleep(self.start_delay_s)
+        if self._stop.wait(self.start_delay_s):
+            return
         if self.fail_start is not None:
             self.replicas[msg.replica_id] = "failed"
             ev = ReplicaEvent(state="failed", error=self.fail_start)
@@ -134,9 +145,7 @@ class FakeWorker:
         self._replica_event(msg.replica_id, ReplicaEvent(state="stopped"))
 
     def _call_event(self, msg: RunCall, **kw: Any) -> int:
-        ev = CallEvent(attempt=msg.attempt, **kw)
-        r = self.http.post(f"/v1/calls/{msg.call_id}/events", json=ev.model_dump(mode="json"))
-        return r.status_code
+        return self._post(f"/v1/calls/{msg.call_id}/events", CallEvent(attempt=msg.attempt, **kw))
 
     def _run_call(self, msg: RunCall) -> None:
         if self._call_event(msg, kind="started") == 409:
@@ -144,7 +153,7 @@ class FakeWorker:
         data = msg.input if isinstance(msg.input, dict) else {}
         deadline = time.monotonic() + float(data.get("sleep_s", 0))
         while time.monotonic() < deadline:
-            if msg.call_id in self.cancelled:
+            if msg.call_id in self.cancelled or self._stop.is_set():
                 self._call_event(msg, kind="cancelled")
                 return
             time.sleep(0.01)
@@ -172,7 +181,7 @@ class FakeWorker:
                 r = self.http.post(
                     f"/v1/workers/{self.id}/heartbeat", json=msg.model_dump(mode="json")
                 )
-            except httpx.HTTPError:
+            except (httpx.HTTPError, RuntimeError):
                 continue
             if r.status_code == 200:
                 reply = HeartbeatReply.model_validate(r.json())

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from control_plane.api.deps import PrincipalDep, ServicesDep
+from control_plane.services.reconciler import refresh_gauges
 
 router = APIRouter(tags=["health"])
 
@@ -18,4 +19,6 @@ def healthz() -> dict[str, str]:
 @router.get("/metrics", response_class=Response)
 def metrics(who: PrincipalDep, services: ServicesDep) -> Response:
     who.require("admin")
+    with services.db.session() as s:
+        refresh_gauges(s, services.metrics)
     return Response(services.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
