@@ -28,6 +28,9 @@
 | reconcile_interval_s       | THAW_RECONCILE_INTERVAL_S    | 0.5                  |
 | result_poll_interval_s     | THAW_RESULT_POLL_INTERVAL_S  | 0.25 (other processes' results) |
 | deploy_validate_timeout_s  | THAW_DEPLOY_VALIDATE_TIMEOUT_S | 120                |
+| worker_name                | THAW_WORKER_NAME             | (host name)          |
+| worker_concurrency         | THAW_WORKER_CONCURRENCY      | 32 (Celery threads: calls + starts at once) |
+| worker_pool_size           | THAW_WORKER_POOL_SIZE        | 0 (pre-warmed generic replica processes per device) |
 
 Settings are read once per process, at its entry point, and passed down.
 """
@@ -72,6 +75,10 @@ class Settings(BaseSettings):
     reconcile_interval_s: float = 0.5
     result_poll_interval_s: float = 0.25
     deploy_validate_timeout_s: float = 120.0
+    # --- worker agent (see worker/) ---
+    worker_name: str | None = None
+    worker_concurrency: int = Field(default=32, ge=1)
+    worker_pool_size: int = Field(default=0, ge=0)
 
     def store_config(self, override: str | None = None) -> StoreConfig:
         url = override or self.store or str(self.home / "store")

@@ -85,7 +85,7 @@ class Consumer:
                     return
                 handler(msg)
 
-            self.app.task(name=name, acks_late=True, reject_on_worker_lost=True)(run)
+            self.app.task(name=name, shared=False, acks_late=True, reject_on_worker_lost=True)(run)
 
         task(TASK_START_REPLICA, StartReplica, handlers.start_replica)
         task(TASK_STOP_REPLICA, StopReplica, handlers.stop_replica)
@@ -98,6 +98,8 @@ class Consumer:
             self.error = exc
 
     def start(self) -> None:
+        # Celery's thread pool finds tasks through the process's default app.
+        self.app.set_default()
         self._thread.start()
 
     @property

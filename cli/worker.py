@@ -1,0 +1,27 @@
+"""``thaw worker``: run the worker agent on this machine."""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from control_plane.settings import Settings
+
+
+def worker(
+    server_url: str | None = typer.Option(None, help="control plane URL (THAW_SERVER_URL)"),
+    api_key: str | None = typer.Option(None, help="key of scope worker (THAW_API_KEY)"),
+    log_level: str = typer.Option("INFO", help="DEBUG, INFO, WARNING"),
+) -> None:
+    """Register with the control plane, run replicas, until Ctrl-C or SIGTERM."""
+    from worker.bootstrap import MissingKeyError, serve
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s worker %(message)s")
+    overrides = {k: v for k, v in {"server_url": server_url, "api_key": api_key}.items() if v}
+    settings = Settings(**overrides)  # type: ignore[arg-type]
+    try:
+        serve(settings)
+    except MissingKeyError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None

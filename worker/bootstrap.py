@@ -1,0 +1,101 @@
+"""Assemble an agent from ``Settings`` and run it until SIGINT/SIGTERM.
+
+The only place the worker reads settings; everything below gets plain
+configuration objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+from types import FrameType
+
+from control_plane.settings import Settings
+from snapshotter.registry import Registry
+from snapshotter.stores import open_store
+from worker.agent import Agent, AgentConfig
+from worker.child_protocol import StoreSpec
+from worker.consumer import BrokerConfig
+from worker.control_client import ControlPlaneClient
+from worker.inventory import CacheInventory
+from worker.pool import ProcessPool
+from worker.runtimes.process import ProcessRuntime
+
+log = logging.getLogger(__name__)
+
+
+class MissingKeyError(Exception):
+    """The worker has no API key to talk to the control plane with."""
+
+
+def store_spec(settings: Settings) -> StoreSpec:
+    store = settings.store_config()
+    cache = settings.cache_config()
+    loader = settings.loader_config()
+    return StoreSpec(
+        url=store.url,
+        s3_endpoint_url=store.s3.endpoint_url,
+        s3_region=store.s3.region,
+        s3_access_key_id=store.s3.access_key_id,
+        s3_secret_access_key=store.s3.secret_access_key,
+        cache_dir=str(cache.directory.resolve()),
+        cache_max_bytes=cache.max_bytes,
+        bundles_dir=str((settings.home / "worker" / "bundles").resolve()),
+        chunk_size_bytes=loader.chunk_size_bytes,
+        loader_max_inflight_bytes=loader.max_inflight_bytes,
+        loader_fetch_threads=loader.fetch_threads,
+        loader_decode_threads=loader.decode_threads,
+    )
+
+
+def agent_config(settings: Settings) -> AgentConfig:
+    if not settings.api_key:
+        raise MissingKeyError(
+            "THAW_API_KEY is not set; create a key with scope worker "
+            "(`thaw keys create --scope worker`) and export it"
+        )
+    broker_url = settings.broker_url_resolved()
+    return AgentConfig(
+        home=settings.home,
+        server_url=settings.server_url,
+        api_key=settings.api_key,
+        broker=BrokerConfig(
+            url=broker_url,
+            folder=settings.broker_folder(),
+            poll_interval_s=settings.broker_poll_interval_s,
+        ),
+        store=store_spec(settings),
+        name=settings.worker_name or socket.gethostname(),
+        concurrency=settings.worker_concurrency,
+        pool_size=settings.worker_pool_size,
+    )
+
+
+def build_agent(settings: Settings) -> Agent:
+    config = agent_config(settings)
+    registry = Registry(open_store(settings.store_config()))
+    runtime = ProcessRuntime(ProcessPool(config.pool_size))
+    client = ControlPlaneClient(config.server_url, config.api_key)
+    inventory = CacheInventory(settings.cache_config(), registry)
+    return Agent(config, runtime, client, inventory)
+
+
+def serve(settings: Settings) -> None:
+    """Run an agent in this process until SIGINT or SIGTERM; then stop cleanly."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("received %s: stopping replicas and the consumer", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        agent = build_agent(settings)
+        if all(d.kind == "cpu" for d in agent.devices):
+            log.warning("no CUDA device found: functions on this worker run on the CPU")
+        agent.run(stop)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
