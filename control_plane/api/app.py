@@ -18,7 +18,19 @@ from fastapi import FastAPI
 
 from control_plane.api import errors
 from control_plane.api.limits import BodySizeLimit
-from control_plane.api.routes import calls, functions, health, invoke, keys, models, workers
+from control_plane.api.routes import (
+    calls,
+    console,
+    functions,
+    health,
+    invoke,
+    keys,
+    models,
+    scaling,
+    stats,
+    uploads,
+    workers,
+)
 from control_plane.clock import Clock, system_clock
 from control_plane.db import migrate
 from control_plane.db.session import Database
@@ -113,6 +125,8 @@ def create_app(
     app.state.bootstrap_admin_key = _bootstrap(services)
     errors.install(app)
     for module in (health, keys, models, functions, invoke, calls, workers):
+        app.include_router(module.router)
+    for module in (stats, scaling, uploads, console):  # the web console's needs
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes)
     return app

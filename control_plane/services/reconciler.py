@@ -283,7 +283,10 @@ def _last_call_at(session: Session, function: str) -> float | None:
             Call.function == function
         )
     ).one()
-    times = [t for t in (accepted, finished) if t is not None]
+    # A replica becoming ready counts as activity too, so a warm-up
+    # (services.scaling.warm) lives idle_timeout_s before it is scaled away.
+    ready = session.scalar(select(func.max(Replica.ready_at)).where(Replica.function == function))
+    times = [t for t in (accepted, finished, ready) if t is not None]
     return max(times) if times else None
 
 

@@ -1,0 +1,37 @@
+"""Operating a deployed function: edit its scaling, warm it up.
+
+PATCH /v1/functions/{name}/scaling   Scaling → FunctionPublic (active version edited)
+POST  /v1/functions/{name}/warm      → WarmPublic (a replica started unless one is live)
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from control_plane.api.deps import InvocationsDep, PrincipalDep, ServicesDep
+from control_plane.api.schemas import FunctionPublic
+from control_plane.api.schemas_console import WarmPublic
+from control_plane.services import scaling
+from control_plane.spec import Scaling
+
+router = APIRouter(prefix="/v1/functions", tags=["scaling"])
+
+
+@router.patch("/{name}/scaling")
+def update_scaling(
+    name: str, body: Scaling, who: PrincipalDep, services: ServicesDep, inv: InvocationsDep
+) -> FunctionPublic:
+    who.require("deploy", name)
+    with services.db.session() as s:
+        info = scaling.update_scaling(s, name, body)
+    inv.reconciler.kick(name)
+    return FunctionPublic.of(info)
+
+
+@router.post("/{name}/warm", status_code=202)
+def warm(name: str, who: PrincipalDep, services: ServicesDep) -> WarmPublic:
+    who.require("deploy", name)
+    r = scaling.warm(services, name)
+    return WarmPublic(
+        function=r.function, started_replica_id=r.started_replica_id, live_replicas=r.live_replicas
+    )

@@ -1,0 +1,135 @@
+"""Bodies of the endpoints the web console needs beyond the core API:
+function stats, workers, the catalog with sharing, uploads, warm-ups."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from control_plane.services.catalog_usage import ArtifactUsage
+from control_plane.services.fleet import WorkerInfo
+from control_plane.services.stats import FunctionStats, LatencySummary
+from control_plane.services.uploads import UploadResult
+
+
+class LatencyPublic(BaseModel):
+    count: int
+    p50_ms: float | None
+    p95_ms: float | None
+
+    @classmethod
+    def of(cls, s: LatencySummary) -> LatencyPublic:
+        return cls(count=s.count, p50_ms=s.p50_ms, p95_ms=s.p95_ms)
+
+
+class FunctionStatsPublic(BaseModel):
+    name: str
+    version: int | None
+    status: str
+    replicas: dict[str, int]
+    calls: int
+    calls_failed: int
+    cold_start_rate: float | None
+    warm: LatencyPublic
+    cold: LatencyPublic
+
+    @classmethod
+    def of(cls, s: FunctionStats) -> FunctionStatsPublic:
+        return cls(
+            name=s.name,
+            version=s.version,
+            status=s.status,
+            replicas=s.replicas,
+            calls=s.calls,
+            calls_failed=s.calls_failed,
+            cold_start_rate=s.cold_start_rate,
+            warm=LatencyPublic.of(s.warm),
+            cold=LatencyPublic.of(s.cold),
+        )
+
+
+class ReplicaPublic(BaseModel):
+    id: str
+    function: str
+    version: int
+    state: str
+    device: str
+
+
+class CachedArtifactPublic(BaseModel):
+    digest: str
+    refs: list[str]
+
+
+class CacheTierPublic(BaseModel):
+    tier: str
+    bytes: int
+    artifacts: list[CachedArtifactPublic]
+
+
+class WorkerPublic(BaseModel):
+    id: str
+    name: str
+    devices: list[dict[str, Any]]
+    memory_bytes: int
+    free_memory_bytes: int
+    pool_size: int
+    cache: list[CacheTierPublic]
+    replicas: list[ReplicaPublic]
+    healthy: bool
+    lost: bool
+    last_heartbeat_at: float
+
+    @classmethod
+    def of(cls, w: WorkerInfo) -> WorkerPublic:
+        return cls.model_validate(w, from_attributes=True)
+
+
+class ArtifactUsagePublic(BaseModel):
+    name: str
+    tag: str
+    kind: str
+    digest: str
+    files: int
+    raw_size_bytes: int
+    stored_size_bytes: int
+    shared_stored_bytes: int
+    used_by: list[str]
+
+    @classmethod
+    def of(cls, a: ArtifactUsage) -> ArtifactUsagePublic:
+        return cls.model_validate(a, from_attributes=True)
+
+
+class UploadPublic(BaseModel):
+    ref: str
+    digest: str
+    kind: str
+    files: int
+    raw_size_bytes: int
+    stored_size_bytes: int
+    new_bytes: int
+    dedup_bytes: int
+    spec: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, u: UploadResult) -> UploadPublic:
+        p = u.push
+        return cls(
+            ref=p.ref,
+            digest=p.digest,
+            kind=p.kind.value,
+            files=p.files,
+            raw_size_bytes=p.raw_size_bytes,
+            stored_size_bytes=p.stored_size_bytes,
+            new_bytes=p.new_bytes,
+            dedup_bytes=p.dedup_bytes,
+            spec=u.spec,
+        )
+
+
+class WarmPublic(BaseModel):
+    function: str
+    started_replica_id: str | None
+    live_replicas: int

@@ -1,0 +1,136 @@
+"""What the console shows about functions: status, replicas by state, call latency.
+
+Latency of a call is ``finished_at - accepted_at`` (what the caller waited,
+queueing and any cold start included), in milliseconds, over the function's
+most recent finished calls (at most ``window`` of them), split into cold and
+warm. Percentiles use the nearest-rank method, so every reported value is
+a latency some call really had.
+
+A function's status is derived, not stored::
+
+    serving       at least one ready replica of the active version
+    starting      replicas pending or starting, none ready
+    scaled-to-zero no live replica
+    no-version    the function has no active version
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from control_plane.db.models import Call, Function, Replica
+from control_plane.errors import NotFoundError
+from control_plane.services.calls import CallView, view
+from control_plane.services.states import FINAL_CALL_STATES
+
+DEFAULT_WINDOW = 1000
+MAX_RECENT_CALLS = 500
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    count: int
+    p50_ms: float | None
+    p95_ms: float | None
+
+
+@dataclass(frozen=True)
+class FunctionStats:
+    name: str
+    version: int | None
+    status: str
+    replicas: dict[str, int]
+    calls: int
+    calls_failed: int
+    cold_start_rate: float | None
+    warm: LatencySummary
+    cold: LatencySummary
+
+
+def percentile(values_ms: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in [0, 100]); ``None`` for no values."""
+    if not values_ms:
+        return None
+    ordered = sorted(values_ms)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def summarize(values_ms: list[float]) -> LatencySummary:
+    return LatencySummary(len(values_ms), percentile(values_ms, 50), percentile(values_ms, 95))
+
+
+def status_of(version: int | None, replicas: dict[str, int]) -> str:
+    """The derived status (see the module docstring)."""
+    if version is None:
+        return "no-version"
+    if replicas.get("ready", 0) > 0:
+        return "serving"
+    if replicas.get("pending", 0) + replicas.get("starting", 0) > 0:
+        return "starting"
+    return "scaled-to-zero"
+
+
+def _function(session: Session, name: str) -> Function:
+    fn = session.scalars(select(Function).where(Function.name == name)).first()
+    if fn is None:
+        raise NotFoundError(f"no function {name!r}; deploy it first")
+    return fn
+
+
+def _replica_counts(session: Session, name: str) -> dict[str, int]:
+    # Stopped replicas pile up forever; the console shows the ones that matter now.
+    states = session.scalars(
+        select(Replica.state).where(Replica.function == name, Replica.state != "stopped")
+    ).all()
+    return dict(Counter(states))
+
+
+def function_stats(session: Session, name: str, window: int = DEFAULT_WINDOW) -> FunctionStats:
+    """Stats of one function over its last ``window`` finished calls."""
+    fn = _function(session, name)
+    rows = session.execute(
+        select(Call.status, Call.cold, Call.replica_id, Call.accepted_at, Call.finished_at)
+        .where(Call.function == name, Call.status.in_(FINAL_CALL_STATES))
+        .order_by(Call.accepted_at.desc())
+        .limit(window)
+    ).all()
+    ok = [r for r in rows if r.status == "succeeded" and r.finished_at is not None]
+    warm = [(r.finished_at - r.accepted_at) * 1000 for r in ok if not r.cold]
+    cold = [(r.finished_at - r.accepted_at) * 1000 for r in ok if r.cold]
+    dispatched = [r for r in rows if r.replica_id is not None]
+    cold_rate = sum(r.cold for r in dispatched) / len(dispatched) if dispatched else None
+    replicas = _replica_counts(session, name)
+    return FunctionStats(
+        name=name,
+        version=fn.active_version,
+        status=status_of(fn.active_version, replicas),
+        replicas=replicas,
+        calls=len(rows),
+        calls_failed=sum(r.status in ("failed", "timeout") for r in rows),
+        cold_start_rate=cold_rate,
+        warm=summarize(warm),
+        cold=summarize(cold),
+    )
+
+
+def all_function_stats(session: Session, window: int = DEFAULT_WINDOW) -> list[FunctionStats]:
+    names = session.scalars(select(Function.name).order_by(Function.name)).all()
+    return [function_stats(session, n, window) for n in names]
+
+
+def recent_calls(session: Session, name: str, limit: int = 100) -> list[CallView]:
+    """The function's latest calls, newest first (at most ``MAX_RECENT_CALLS``)."""
+    _function(session, name)
+    rows = session.scalars(
+        select(Call)
+        .where(Call.function == name)
+        .order_by(Call.accepted_at.desc())
+        .limit(max(1, min(limit, MAX_RECENT_CALLS)))
+    ).all()
+    return [view(r) for r in rows]
