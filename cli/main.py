@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import models
+from cli import images, models
 from cli.worker import worker
 
 app = typer.Typer(
@@ -17,6 +17,7 @@ app = typer.Typer(
     help="thaw: serverless GPU functions on your own machines, with fast cold starts.",
 )
 app.add_typer(models.app, name="models")
+app.add_typer(images.app, name="images")
 app.command("worker")(worker)
 
 
