@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import typer
 
-from cli import images, models
+from cli import functions, images, invoke, keys, models
+from cli.server import server
 from cli.worker import worker
 
 app = typer.Typer(
@@ -19,6 +20,12 @@ app = typer.Typer(
 app.add_typer(models.app, name="models")
 app.add_typer(images.app, name="images")
 app.command("worker")(worker)
+app.command("server")(server)
+app.add_typer(keys.app, name="keys")
+app.command("deploy")(functions.deploy)
+app.add_typer(functions.app, name="functions")
+app.command("invoke")(invoke.invoke)
+app.add_typer(invoke.calls_app, name="calls")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,118 @@
+"""``thaw deploy DIR`` and ``thaw functions ls/show/rm/rollback``.
+
+``thaw deploy DIR`` reads ``DIR/thaw.toml`` (or ``thaw.yaml``; the format is
+documented in ``control_plane.spec``), pushes DIR to the store as a code
+bundle (``bundles/<name>:latest``, through the snapshotter; the store comes
+from THAW_STORE/--store like ``thaw models push``), then sends the spec with
+the bundle's digest to the control plane, which checks the model, adapters
+and that the entry imports before the new version goes live.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.table import Table
+
+from cli.control import check, client, fail, out, print_json
+from control_plane.settings import Settings
+from control_plane.spec import FunctionSpec
+from snapshotter.errors import SnapshotterError
+from snapshotter.manifest import ArtifactKind
+from snapshotter.push import push_directory
+from snapshotter.registry import Registry
+from snapshotter.stores import open_store
+
+app = typer.Typer(no_args_is_help=True, help="List, show, delete and roll back functions.")
+PLACEHOLDER_DIGEST = "blake3:" + "0" * 64
+
+
+def read_spec_file(directory: Path) -> dict[str, Any]:
+    """The spec in ``thaw.toml`` or ``thaw.yaml``; raises ``typer.Exit`` when absent/bad."""
+    toml_path, yaml_path = directory / "thaw.toml", directory / "thaw.yaml"
+    try:
+        if toml_path.is_file():
+            return tomllib.loads(toml_path.read_text())
+        if yaml_path.is_file():
+            import yaml
+
+            doc = yaml.safe_load(yaml_path.read_text())
+            if not isinstance(doc, dict):
+                raise fail(f"{yaml_path} must hold a mapping of spec keys")
+            return doc
+    except (tomllib.TOMLDecodeError, ValueError) as exc:
+        raise fail(f"cannot parse the spec in {directory}: {exc}") from None
+    raise fail(f"{directory} has no thaw.toml or thaw.yaml; see `thaw deploy --help`")
+
+
+def validate_spec(doc: dict[str, Any], directory: Path) -> FunctionSpec:
+    """Check the file's spec locally (with a placeholder bundle) before pushing anything."""
+    try:
+        return FunctionSpec.model_validate({**doc, "bundle": PLACEHOLDER_DIGEST})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise fail(f"spec in {directory}: {where}: {first['msg']}") from None
+
+
+def deploy(
+    directory: Annotated[Path, typer.Argument(exists=True, file_okay=False)],
+    store: Annotated[str | None, typer.Option(help="directory or s3://… (THAW_STORE)")] = None,
+) -> None:
+    """Push the code in DIRECTORY and deploy it as a new version of its function."""
+    settings = Settings()
+    spec = validate_spec(read_spec_file(directory), directory)
+    try:
+        registry = Registry(open_store(settings.store_config(store)))
+        pushed = push_directory(
+            directory, f"bundles/{spec.name}:latest", registry, kind=ArtifactKind.BUNDLE
+        )
+    except SnapshotterError as exc:
+        raise fail(str(exc)) from None
+    body = spec.model_copy(update={"bundle": pushed.digest}).model_dump(mode="json")
+    with client(settings) as c:
+        fn = check(c.post("/v1/functions", json=body))
+    out.print(f"deployed {fn['name']} version {fn['version']} (bundle {pushed.digest[:19]}…)")
+
+
+@app.command("ls")
+def ls() -> None:
+    with client(Settings()) as c:
+        fns = check(c.get("/v1/functions"))
+    table = Table("name", "version", "model", "device", "replicas (min..max)")
+    for f in fns:
+        spec = f["spec"] or {}
+        scaling = spec.get("scaling", {})
+        span = f"{scaling.get('min_replicas', '')}..{scaling.get('max_replicas', '')}"
+        table.add_row(
+            f["name"], str(f["version"]), spec.get("model") or "", spec.get("device", ""), span
+        )
+    out.print(table)
+
+
+@app.command("show")
+def show(name: str) -> None:
+    with client(Settings()) as c:
+        print_json(check(c.get(f"/v1/functions/{name}")))
+
+
+@app.command("rm")
+def rm(name: str) -> None:
+    """Delete a function and all its versions; its unfinished calls are cancelled."""
+    with client(Settings()) as c:
+        check(c.delete(f"/v1/functions/{name}"))
+    out.print(f"deleted {name}")
+
+
+@app.command("rollback")
+def rollback(
+    name: str,
+    version: Annotated[int | None, typer.Option(help="default: the previous version")] = None,
+) -> None:
+    with client(Settings()) as c:
+        fn = check(c.post(f"/v1/functions/{name}/rollback", json={"version": version}))
+    out.print(f"{name} now serves version {fn['version']}")
