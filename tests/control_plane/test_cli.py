@@ -1,0 +1,148 @@
+"""The control-plane commands, end to end: a real ``thaw server`` process, and the
+client commands against a served app with a fake worker."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from tests.control_plane.conftest import ControlPlane
+
+runner = CliRunner()
+
+
+def _env(cp: ControlPlane, token: str | None = None) -> dict[str, str]:
+    return {
+        "THAW_SERVER_URL": cp.base_url,
+        "THAW_API_KEY": token or cp.admin_token,
+        "THAW_STORE": str(cp.store.root),
+        "THAW_HOME": str(cp.settings.home),
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run_server(home: Path, port: int) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "THAW_HOME": str(home), "THAW_SERVER_PORT": str(port)}
+    env["THAW_ADMIN_KEY_FILE"] = str(home / "admin.key")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from cli.main import app; app()",
+            "server",
+            "--log-level",
+            "WARNING",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            break
+        except httpx.HTTPError:
+            if proc.poll() is not None:
+                raise AssertionError(proc.stdout.read() if proc.stdout else "exited") from None
+            time.sleep(0.1)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    proc.terminate()
+    output, _ = proc.communicate(timeout=20)
+    return output
+
+
+def test_thaw_server_prints_first_admin_key_once(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    proc, url = _run_server(home, _free_port())
+    output = _stop(proc)
+    token = next(line for line in output.splitlines() if line.startswith("thaw_"))
+    assert (home / "admin.key").read_text().strip() == token
+    assert oct((home / "admin.key").stat().st_mode & 0o777) == "0o600"
+    proc, url = _run_server(home, _free_port())
+    try:
+        r = httpx.get(url + "/v1/keys", headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200 and len(r.json()) == 1
+    finally:
+        second = _stop(proc)
+    assert "thaw_" not in second
+
+
+@pytest.fixture
+def code_dir(tmp_path: Path, cp: ControlPlane) -> Path:
+    d = tmp_path / "code"
+    d.mkdir()
+    (d / "app.py").write_text(
+        "class Echo:\n    def __call__(self, input, ctx=None):\n        return input\n"
+    )
+    (d / "thaw.toml").write_text(
+        f'name = "hello"\nentry = "app:Echo"\nmodel = "{cp.store.model_ref}"\ndevice = "cpu"\n'
+        "[scaling]\nmax_replicas = 1\n"
+    )
+    return d
+
+
+def test_deploy_invoke_show_rollback_rm(cp: ControlPlane, code_dir: Path) -> None:
+    cp.worker()
+    env = _env(cp)
+    r = runner.invoke(app, ["deploy", str(code_dir)], env=env)
+    assert r.exit_code == 0, r.output
+    assert "deployed hello version 1" in r.output
+    assert runner.invoke(app, ["deploy", str(code_dir)], env=env).exit_code == 0
+    r = runner.invoke(app, ["functions", "ls"], env=env)
+    assert "hello" in r.output
+    r = runner.invoke(app, ["invoke", "hello", "--data", '{"a": 1}'], env=env)
+    assert r.exit_code == 0, r.output
+    assert '"echo"' in r.output and "cold=true" in r.output
+    r = runner.invoke(app, ["invoke", "hello", "--data", '{"chunks": 2}', "--stream"], env=env)
+    assert r.exit_code == 0 and r.output.count('"i"') == 2
+    r = runner.invoke(app, ["invoke", "hello", "--data", "1", "--async"], env=env)
+    call_id = r.output.strip()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        r = runner.invoke(app, ["calls", "show", call_id], env=env)
+        if '"succeeded"' in r.output:
+            break
+        time.sleep(0.05)
+    assert '"succeeded"' in r.output
+    r = runner.invoke(app, ["functions", "rollback", "hello"], env=env)
+    assert "serves version 1" in r.output
+    assert runner.invoke(app, ["functions", "rm", "hello"], env=env).exit_code == 0
+    r = runner.invoke(app, ["functions", "show", "hello"], env=env)
+    assert r.exit_code == 2 and "404" in r.output
+
+
+def test_keys_commands_and_errors(cp: ControlPlane, tmp_path: Path) -> None:
+    env = _env(cp)
+    r = runner.invoke(app, ["keys", "create", "--scope", "invoke", "--name", "ci"], env=env)
+    assert r.exit_code == 0, r.output
+    token = next(line for line in r.output.splitlines() if line.startswith("thaw_"))
+    key_id = token.split("_")[1]
+    assert key_id in runner.invoke(app, ["keys", "ls"], env=env).output
+    r = runner.invoke(app, ["keys", "ls"], env=_env(cp, token))
+    assert r.exit_code == 2 and "403" in r.output
+    assert runner.invoke(app, ["keys", "revoke", key_id], env=env).exit_code == 0
+    r = runner.invoke(app, ["invoke", "x"], env=_env(cp, token))
+    assert r.exit_code == 2 and "401" in r.output
+    r = runner.invoke(app, ["invoke", "x", "--data", "{bad"], env=env)
+    assert r.exit_code == 2 and "not JSON" in r.output
+    r = runner.invoke(app, ["deploy", str(tmp_path)], env=env)
+    assert r.exit_code == 2 and "thaw.toml" in r.output
