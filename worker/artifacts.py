@@ -140,7 +140,7 @@ class WeightLoader:
     def load(self, digest: str, device: str) -> LoadedWeights:
         """Every tensor of the manifest on ``device``, with fetch and to-device times."""
         tensors = self.snapshotter.load(digest, device)
-        return LoadedWeights(dict(tensors), weights_phases(tensors.report))
+        return LoadedWeights(tensors, weights_phases(tensors.report))
 
 
 def weights_phases(report: Any) -> dict[str, float]:

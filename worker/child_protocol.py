@@ -76,6 +76,7 @@ class CallMsg(BaseModel):
     attempt: int = 1
     input: Any = None
     adapter: str | None = None
+    stream: bool = False  # the caller reads outputs as they come
 
 
 class Shutdown(BaseModel):

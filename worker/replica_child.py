@@ -92,14 +92,18 @@ class ChildServer:
                 raise RuntimeError("call received before the replica was specialized")
             args: tuple[Any, ...] = (msg.input,)
             if self.replica.pass_call_context:
-                args += (CallContext(msg.call_id, msg.adapter, msg.attempt),)
+                args += (CallContext(msg.call_id, msg.adapter, msg.attempt, msg.stream),)
             result = self.replica.instance(*args)
             if is_stream(result):
+                chunks = []
                 for chunk in result:
                     _check_json(chunk)
                     timings.setdefault("first_output", (time.perf_counter() - t0) * 1000)
-                    self.conn.send(dump(Output(call_id=msg.call_id, chunk=chunk)))
-                result = None
+                    if msg.stream:
+                        self.conn.send(dump(Output(call_id=msg.call_id, chunk=chunk)))
+                    else:
+                        chunks.append(chunk)
+                result = None if msg.stream else chunks
             _check_json(result)
             timings["execution"] = (time.perf_counter() - t0) * 1000
             timings.setdefault("first_output", timings["execution"])

@@ -191,7 +191,9 @@ class ReplicaManager:
             return
         if not self._event(msg, CallEvent(attempt=msg.attempt, kind="started", timings_ms=timings)):
             return
-        request = CallRequest(msg.call_id, msg.input, msg.adapter, msg.attempt, msg.timeout_s)
+        request = CallRequest(
+            msg.call_id, msg.input, msg.adapter, msg.attempt, msg.timeout_s, msg.stream
+        )
         for update in handle.call(request):
             if self._take_cancel(msg.call_id):
                 self._final(msg, CallUpdate("cancelled"), timings, started_s)
@@ -216,6 +218,8 @@ class ReplicaManager:
     ) -> None:
         merged = {**timings, **update.timings_ms, "total": (self.clock() - msg.accepted_at) * 1000}
         merged.setdefault("execution", (self.clock() - started_s) * 1000)
+        if "first_output" in update.timings_ms:  # the child measures from execution start
+            merged["first_output"] = timings["queue_wait"] + update.timings_ms["first_output"]
         event = CallEvent(
             attempt=msg.attempt,
             kind=update.kind,

@@ -19,10 +19,12 @@ bundle, makes one instance per replica with no arguments, and then::
 
         def __call__(self, input, call=None):
             # input: the request's JSON value.
-            # call (optional second parameter): CallContext with call_id and
-            #   adapter (the adapter name the request asked for, or None).
-            # Return a JSON value, or yield JSON values (a generator) to stream
-            # them to the caller as they are produced.
+            # call (optional second parameter): CallContext with call_id,
+            #   adapter (the adapter name the request asked for, or None) and
+            #   stream (whether the caller reads outputs as they are produced).
+            # Return a JSON value, or yield JSON values (a generator): a
+            # streaming caller gets each as it is produced; any other caller
+            # gets the list of them as the result.
             ...
 
 Contract:
@@ -75,6 +77,20 @@ class Context:
     function: str = ""
     replica_id: str = ""
 
+    def fill_module(self, module: Any, *, strict: bool = True) -> Any:
+        """Make ``weights`` the state of ``module`` built on the meta device.
+
+        No initialisation and no copy: parameters become the streamed tensors;
+        tied weights are re-tied and non-persistent buffers (rotary
+        frequencies) rebuilt. Returns the snapshotter's ``ModuleLoadResult``;
+        with ``strict`` a name mismatch raises ``StateDictMismatchError``.
+        """
+        import torch
+
+        from snapshotter.module_fill import fill_module
+
+        return fill_module(module, self.weights, torch.device(self.device), strict=strict)  # type: ignore[arg-type]
+
 
 @dataclass(frozen=True)
 class CallContext:
@@ -83,6 +99,7 @@ class CallContext:
     call_id: str
     adapter: str | None = None
     attempt: int = 1
+    stream: bool = False
 
 
 @runtime_checkable

@@ -68,7 +68,12 @@ def test_register_consume_heartbeat_and_stop(
     dispatcher.run_call(
         agent.worker_id,
         RunCall(
-            call_id="c1", replica_id="r1", function="f", input={"n": 2}, accepted_at=time.time()
+            call_id="c1",
+            replica_id="r1",
+            function="f",
+            input={"n": 2},
+            stream=True,
+            accepted_at=time.time(),
         ),
     )
     events = recorder.wait_for("/v1/calls/c1/", lambda e: e["kind"] == "succeeded")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,7 +35,7 @@ def runtime() -> Iterator[ProcessRuntime]:
     rt.close()
 
 
-def spec(entry: str, replica_id: str = "r1", **kw: object) -> ReplicaSpec:
+def spec(entry: str, replica_id: str = "r1", **kw: Any) -> ReplicaSpec:
     return ReplicaSpec(
         replica_id=replica_id, function="f", entry=entry, bundle_dir=str(FUNCTIONS), **kw
     )
@@ -66,6 +67,7 @@ def test_start_reports_generic_and_specialize_phases(runtime: ProcessRuntime) ->
             "device": "cpu",
             "adapter": "a1",
             "call_id": "c1",
+            "stream": False,
             "setup_calls": 1,
             "env": "yes",
         }
@@ -79,12 +81,16 @@ def test_start_reports_generic_and_specialize_phases(runtime: ProcessRuntime) ->
 def test_streaming_yields_each_chunk_then_succeeds(runtime: ProcessRuntime) -> None:
     replica = runtime.start(spec("basic:Stream"), Exits())
     try:
-        updates = run(replica, "c1", {"n": 3})
+        updates = run(replica, "c1", {"n": 3}, stream=True)
+        [collected] = run(replica, "c2", {"n": 3}, stream=False)
     finally:
         replica.stop()
     assert [u.kind for u in updates] == ["output", "output", "output", "succeeded"]
     assert [u.output for u in updates[:3]] == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert updates[-1].output is None
     assert updates[-1].timings_ms["first_output"] <= updates[-1].timings_ms["execution"]
+    # A caller that does not stream gets the chunks as one list.
+    assert (collected.kind, collected.output) == ("succeeded", [{"i": 0}, {"i": 1}, {"i": 2}])
 
 
 def test_raise_fails_the_call_with_traceback_and_keeps_the_replica(

@@ -13,7 +13,8 @@ from control_plane.protocol import RunCall, StartReplica, StopReplica
 from tests.worker.recorder import Recorder
 from worker.child_protocol import ReplicaSpec
 from worker.replicas import ReplicaManager
-from worker.runtimes.process import ProcessRuntime
+from worker.runtimes.base import OnExit
+from worker.runtimes.process import ProcessReplica, ProcessRuntime
 
 FUNCTIONS = Path(__file__).parent / "functions"
 BUNDLE = "blake3:" + "0" * 64
@@ -22,7 +23,7 @@ BUNDLE = "blake3:" + "0" * 64
 class LocalCodeRuntime(ProcessRuntime):
     """Runs the test functions from their directory instead of a pushed bundle."""
 
-    def start(self, spec: ReplicaSpec, on_exit):  # type: ignore[no-untyped-def]
+    def start(self, spec: ReplicaSpec, on_exit: OnExit) -> ProcessReplica:
         return super().start(spec.model_copy(update={"bundle_dir": str(FUNCTIONS)}), on_exit)
 
 
@@ -84,6 +85,7 @@ def test_streamed_call_posts_started_outputs_succeeded(
     assert [e["output"] for e in events[1:3]] == [{"i": 0}, {"i": 1}]
     timings = events[-1]["timings_ms"]
     assert timings["queue_wait"] >= 50 and timings["total"] >= timings["execution"]
+    assert timings["queue_wait"] <= timings["first_output"] <= timings["total"]
 
 
 def test_duplicate_delivery_is_run_once(setup: tuple[ReplicaManager, Recorder]) -> None:
@@ -99,7 +101,7 @@ def test_duplicate_delivery_is_run_once(setup: tuple[ReplicaManager, Recorder]) 
 def test_409_stops_sending_for_that_call(setup: tuple[ReplicaManager, Recorder]) -> None:
     manager, recorder = setup
     start(manager, "basic:Stream")
-    manager.run_call(call("already-final", {"n": 5}))
+    manager.run_call(call("already-final", {"n": 5}, stream=True))
     assert kinds(recorder, "already-final") == ["started"]
 
 
@@ -134,7 +136,7 @@ def test_timeout_ends_call_and_reports_replica_failed(
 def test_cancel_ends_a_streaming_call_as_cancelled(setup: tuple[ReplicaManager, Recorder]) -> None:
     manager, recorder = setup
     start(manager, "basic:Stream")
-    t = threading.Thread(target=manager.run_call, args=(call("c1", {"n": 100000}),))
+    t = threading.Thread(target=manager.run_call, args=(call("c1", {"n": 100000}, stream=True),))
     t.start()
     recorder.wait_for("/v1/calls/c1/", lambda e: e["kind"] == "output")
     manager.cancel(["c1"])

@@ -48,6 +48,7 @@ class CallRequest:
     adapter: str | None = None
     attempt: int = 1
     timeout_s: float = 300.0
+    stream: bool = False
 
 
 @dataclass(frozen=True)

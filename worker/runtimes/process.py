@@ -129,6 +129,7 @@ class ProcessReplica(ReplicaHandle):
             attempt=request.attempt,
             input=request.input,
             adapter=request.adapter,
+            stream=request.stream,
         )
         try:
             self.process.conn.send(dump(msg))

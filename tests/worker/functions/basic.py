@@ -18,6 +18,7 @@ class Echo:
             "device": self.device,
             "adapter": call.adapter,
             "call_id": call.call_id,
+            "stream": call.stream,
             "setup_calls": self.setup_calls,
             "env": os.environ.get("THAW_TEST_ENV"),
         }

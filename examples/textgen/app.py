@@ -1,0 +1,121 @@
+"""Example thaw function: text generation with a Llama and LoRA adapters.
+
+The model is built from the pushed model's ``config.json`` on the meta
+device (no memory, no initialisation) and filled with the weights thaw
+already streamed onto the device; the tokenizer comes from the model's
+small files. Nothing is downloaded.
+
+Input::
+
+    {"prompt": "Hello", "max_tokens": 32, "temperature": 0.0, "seed": 0}
+
+A streaming caller gets ``{"text": "<piece>"}`` per generated token; any
+other caller gets ``{"text": "<all of it>", "tokens": N}``. Pass
+``"adapter": "pirate"`` in the request to generate through that LoRA
+adapter (both are preloaded; switching is per call).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+MAX_TOKENS_LIMIT = 256
+
+
+class TextGen:
+    def setup(self, ctx: Any) -> None:
+        from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+        self.device = ctx.device
+        self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(ctx.files))
+        config = LlamaConfig.from_dict(ctx.config)
+        with torch.device("meta"):
+            model = LlamaForCausalLM(config)
+        ctx.fill_module(model)
+        self.model = _with_adapters(model.eval(), ctx.adapters)
+        self.adapters = sorted(ctx.adapters)
+        # One generation at a time: the active adapter is model state.
+        self.lock = threading.Lock()
+
+    def __call__(self, input: Any, call: Any) -> Any:
+        params = _params(input)
+        if call.adapter is not None and call.adapter not in self.adapters:
+            raise ValueError(
+                f"unknown adapter {call.adapter!r}; this function has {self.adapters or 'none'}"
+            )
+        pieces = self._generate(params, call.adapter)
+        if call.stream:
+            return ({"text": piece} for piece in pieces)
+        text = list(pieces)
+        return {"text": "".join(text), "tokens": len(text)}
+
+    def _generate(self, params: dict[str, Any], adapter: str | None) -> Iterator[str]:
+        ids = self.tokenizer(params["prompt"], return_tensors="pt").input_ids.to(self.device)
+        generator = torch.Generator(device="cpu").manual_seed(params["seed"])
+        with self.lock, torch.inference_mode(), self._adapter(adapter):
+            past, step_ids, produced, text = None, ids, [], ""
+            for _ in range(params["max_tokens"]):
+                out = self.model(input_ids=step_ids, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                next_id = _pick(out.logits[0, -1].float().cpu(), params["temperature"], generator)
+                if next_id == self.tokenizer.eos_token_id:
+                    break
+                produced.append(next_id)
+                full = self.tokenizer.decode(produced)
+                piece, text = full[len(text) :], full
+                if piece:
+                    yield piece
+                step_ids = torch.tensor([[next_id]], device=self.device)
+
+    def _adapter(self, name: str | None) -> contextlib.AbstractContextManager[Any]:
+        if not self.adapters:
+            return contextlib.nullcontext()
+        if name is None:
+            return self.model.disable_adapter()
+        self.model.set_adapter(name)
+        return contextlib.nullcontext()
+
+
+def _params(input: Any) -> dict[str, Any]:
+    if not isinstance(input, dict) or not isinstance(input.get("prompt"), str):
+        raise ValueError('input must be an object with a "prompt" string')
+    max_tokens = int(input.get("max_tokens", 32))
+    if not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
+        raise ValueError(f"max_tokens must be between 1 and {MAX_TOKENS_LIMIT}")
+    return {
+        "prompt": input["prompt"],
+        "max_tokens": max_tokens,
+        "temperature": float(input.get("temperature", 0.0)),
+        "seed": int(input.get("seed", 0)),
+    }
+
+
+def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
+    """Greedy at temperature 0, else a sample from the softmax."""
+    if temperature <= 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _with_adapters(model: Any, adapters: dict[str, Any]) -> Any:
+    """Wrap the model with every adapter loaded (PEFT), or return it as is."""
+    if not adapters:
+        return model
+    from peft import LoraConfig, PeftModel, set_peft_model_state_dict
+
+    peft_model: Any = None
+    for name, adapter in adapters.items():
+        fields = LoraConfig.__dataclass_fields__
+        config = LoraConfig(**{k: v for k, v in adapter.config.items() if k in fields})
+        if peft_model is None:
+            peft_model = PeftModel(model, config, adapter_name=name)
+        else:
+            peft_model.add_adapter(name, config)
+        set_peft_model_state_dict(peft_model, adapter.tensors, adapter_name=name)
+    return peft_model.eval()

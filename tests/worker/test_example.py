@@ -1,0 +1,88 @@
+"""The example function (examples/textgen) in a real replica: text, streaming, adapters."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from examples.build_model import build_all
+from snapshotter.config import StoreConfig
+from snapshotter.manifest import ArtifactKind
+from snapshotter.push import push_directory
+from snapshotter.registry import Registry
+from snapshotter.stores import open_store
+from tests.worker.test_specialize import store_spec
+from worker.child_protocol import AdapterRef, ReplicaSpec
+from worker.runtimes.base import CallRequest, CallUpdate
+from worker.runtimes.process import ProcessReplica, ProcessRuntime
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "textgen"
+PROMPT = {"prompt": "The quick brown fox", "max_tokens": 12}
+
+
+@pytest.fixture(scope="module")
+def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessReplica]:
+    tmp = tmp_path_factory.mktemp("example")
+    dirs = build_all(tmp / "built")
+    config = StoreConfig(url=str(tmp / "store"))
+    registry = Registry(open_store(config))
+    model = push_directory(dirs["model"], "textgen-llama:v1", registry)
+    adapters = [
+        AdapterRef(
+            name=name, digest=push_directory(dirs[name], f"textgen-{name}:v1", registry).digest
+        )
+        for name in ("pirate", "poet")
+    ]
+    bundle = push_directory(EXAMPLE, "fn/textgen:v1", registry, kind=ArtifactKind.BUNDLE)
+    spec = ReplicaSpec(
+        replica_id="r1",
+        function="textgen",
+        bundle_digest=bundle.digest,
+        entry="app:TextGen",
+        model_digest=model.digest,
+        adapters=adapters,
+        store=store_spec(config, tmp),
+    )
+    runtime = ProcessRuntime()
+    handle = runtime.start(spec, lambda *_: None)
+    yield handle
+    handle.stop()
+    runtime.close()
+
+
+def call(replica: ProcessReplica, input: object, **kw: object) -> list[CallUpdate]:
+    return list(replica.call(CallRequest(call_id="c", input=input, **kw)))  # type: ignore[arg-type]
+
+
+def test_generates_text_from_the_prompt(replica: ProcessReplica) -> None:
+    [done] = call(replica, PROMPT)
+    assert done.kind == "succeeded", done.error
+    assert isinstance(done.output["text"], str) and done.output["text"]
+    assert 1 <= done.output["tokens"] <= 12
+
+
+def test_streams_the_same_text_piece_by_piece(replica: ProcessReplica) -> None:
+    [whole] = call(replica, PROMPT)
+    updates = call(replica, PROMPT, stream=True)
+    pieces = [u.output["text"] for u in updates if u.kind == "output"]
+    assert updates[-1].kind == "succeeded"
+    assert len(pieces) == whole.output["tokens"] and len(pieces) > 1
+    assert "".join(pieces) == whole.output["text"]
+
+
+def test_adapters_change_the_text_and_switch_per_call(replica: ProcessReplica) -> None:
+    base = call(replica, PROMPT)[0].output["text"]
+    pirate = call(replica, PROMPT, adapter="pirate")[0].output["text"]
+    poet = call(replica, PROMPT, adapter="poet")[0].output["text"]
+    assert len({base, pirate, poet}) == 3
+    assert call(replica, PROMPT)[0].output["text"] == base  # back to the base model
+
+
+def test_unknown_adapter_and_bad_input_fail_the_call_only(replica: ProcessReplica) -> None:
+    [unknown] = call(replica, PROMPT, adapter="klingon")
+    assert unknown.kind == "failed" and "unknown adapter 'klingon'" in (unknown.error or "")
+    [bad] = call(replica, {"text": "no prompt"})
+    assert bad.kind == "failed" and "prompt" in (bad.error or "")
+    assert call(replica, PROMPT)[0].kind == "succeeded"
