@@ -1,0 +1,43 @@
+// Every function: status, replicas by state, calls, cold-start rate, warm and cold p50/p95.
+
+import { api } from "../api.js";
+import { formatMs, formatPercent, h, replace, table } from "../dom.js";
+
+function replicaSummary(replicas) {
+  const parts = Object.entries(replicas).map(([state, n]) => `${n} ${state}`);
+  return parts.length ? parts.join(", ") : "none";
+}
+
+function row(s) {
+  const link = h("a", { href: `#/function/${encodeURIComponent(s.name)}` }, s.name);
+  return h(
+    "tr",
+    { "data-function": s.name },
+    h("th", { scope: "row" }, link),
+    h("td", {}, h("span", { class: `badge ${s.status}` }, s.status)),
+    h("td", { class: "num" }, s.version ?? "–"),
+    h("td", {}, replicaSummary(s.replicas)),
+    h("td", { class: "num" }, s.calls, s.calls_failed ? ` (${s.calls_failed} failed)` : ""),
+    h("td", { class: "num" }, formatPercent(s.cold_start_rate)),
+    h("td", { class: "num" }, `${formatMs(s.warm.p50_ms)} / ${formatMs(s.warm.p95_ms)}`),
+    h("td", { class: "num" }, `${formatMs(s.cold.p50_ms)} / ${formatMs(s.cold.p95_ms)}`),
+  );
+}
+
+export async function render(root, _params, ctx) {
+  const stats = await api.get("/v1/stats/functions");
+  if (ctx.stale()) return;
+  const body = stats.length
+    ? table(
+        "Functions",
+        ["Name", "Status", "Version", "Replicas", "Calls", "Cold starts", "Warm p50 / p95", "Cold p50 / p95"],
+        stats.map(row),
+      )
+    : h("p", {}, "No functions yet. ", h("a", { href: "#/deploy" }, "Deploy one"), ".");
+  replace(
+    root,
+    h("h2", { tabindex: "-1" }, "Functions"),
+    h("p", { class: "muted" }, "Latency percentiles are over each function's latest finished calls, queueing included."),
+    body,
+  );
+}
