@@ -33,8 +33,8 @@ mod = importlib.import_module(mod_name)
 cls = getattr(mod, cls_name, None)
 if cls is None:
     sys.exit(f"module {mod_name!r} has no attribute {cls_name!r}")
-if not isinstance(cls, type) or not callable(getattr(cls, "__call__", None)):
-    sys.exit(f"{sys.argv[1]} is not a class with __call__")
+if not isinstance(cls, type) or not any("__call__" in vars(k) for k in cls.__mro__[:-1]):
+    sys.exit(f"{sys.argv[1]} is not a class that defines __call__(self, input)")
 """
 
 

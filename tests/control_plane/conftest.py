@@ -31,6 +31,7 @@ class Echo:
         return input
 """
 BAD_CODE = "import thaw_module_that_does_not_exist\n\nclass Echo:\n    pass\n"
+NO_CALL_CODE = "class Echo:\n    def setup(self, ctx):\n        pass\n"
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class StoreFixture:
     adapter_refs: list[str]
     good_bundle: str
     bad_bundle: str
+    no_call_bundle: str
 
 
 def _bundle(root: Path, registry: Registry, name: str, code: str) -> str:
@@ -67,6 +69,7 @@ def cp_store(
         adapter_refs=adapters,
         good_bundle=_bundle(root / "code", registry, "good", GOOD_CODE),
         bad_bundle=_bundle(root / "code", registry, "bad", BAD_CODE),
+        no_call_bundle=_bundle(root / "code", registry, "nocall", NO_CALL_CODE),
     )
 
 

@@ -47,6 +47,8 @@ def test_bundle_that_does_not_import_fails_and_previous_version_keeps_serving(
         assert shown["version"] == 1 and shown["versions"] == [1]
         r = c.post("/v1/functions", json=cp.spec(entry="app:Missing"))
         assert r.status_code == 400 and "Missing" in r.json()["detail"]
+        r = c.post("/v1/functions", json=cp.spec(bundle=cp.store.no_call_bundle))
+        assert r.status_code == 400 and "__call__" in r.json()["detail"]
 
 
 def test_malformed_spec_is_422_naming_the_field(cp: ControlPlane) -> None:
