@@ -106,6 +106,7 @@ class DiskCache:
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._entries: dict[str, CacheEntry] = {}
+        self._writing: set[str] = set()  # reserved in _entries, file not yet renamed in
         self._total_bytes = 0
         self.refresh()
 
@@ -134,7 +135,7 @@ class DiskCache:
 
     def __contains__(self, digest: object) -> bool:
         with self._lock:
-            return digest in self._entries
+            return digest in self._entries and digest not in self._writing
 
     def entries(self) -> dict[str, CacheEntry]:
         with self._lock:
@@ -221,11 +222,16 @@ class DiskCache:
             # Reserve the space now so concurrent puts do not overshoot the cap.
             self._entries[digest] = CacheEntry(size, time.time_ns())
             self._total_bytes += size
+            self._writing.add(digest)
         try:
             _write_atomic(self.path(digest), parts)
         except BaseException:
+            with self._lock:
+                self._writing.discard(digest)
             self._forget(digest)
             raise
+        with self._lock:
+            self._writing.discard(digest)
 
     def drop(self, digest: str) -> None:
         """Remove an entry (e.g. one that failed verification)."""
@@ -242,6 +248,8 @@ class DiskCache:
 
     def _forget(self, digest: str) -> None:
         with self._lock:
+            if digest in self._writing:
+                return
             entry = self._entries.pop(digest, None)
             if entry is not None:
                 self._total_bytes -= entry.size_bytes

@@ -124,7 +124,7 @@ class Snapshotter:
 
     def prewarm(self, device: str | torch.device) -> None:
         """Allocate the pinned staging pool for a CUDA device ahead of a load."""
-        dev = torch.device(device)
+        dev = _check_device(torch.device(device))
         if dev.type == "cuda":
             self._staging_pool(dev)
 
@@ -133,7 +133,7 @@ class Snapshotter:
     ) -> LoadedTensors:
         """Every tensor of the artifact on ``device``; see the module docstring."""
         start = time.perf_counter()
-        dev = torch.device(device)
+        dev = _check_device(torch.device(device))
         digest, manifest = self.resolve(ref)
         order = self.registry.get_profile(digest) if use_profile else None
         plan = plan_load(manifest, order)
@@ -165,8 +165,6 @@ class Snapshotter:
     def _run(self, plan: LoadPlan, buffers: list[torch.Tensor], dev: torch.device) -> StageTotals:
         if dev.type == "cpu":
             return run_pipeline(plan.work, self.source, CpuPlacer(buffers), self.config)
-        if dev.type != "cuda":
-            raise ValueError(f"cannot load to device {dev}; use 'cpu' or 'cuda[:N]'")
         from snapshotter.loader_cuda import CudaPlacer
 
         placer = CudaPlacer(buffers, self._staging_pool(dev))
@@ -187,6 +185,14 @@ class Snapshotter:
             slot_bytes, slots = staging_shape(self.config)
             self._staging[key] = StagingPool(slot_bytes, slots)
         return self._staging[key]
+
+
+def _check_device(dev: torch.device) -> torch.device:
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"cannot load to device {dev}; use 'cpu' or 'cuda[:N]'")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"cannot load to {dev}: this process sees no CUDA device; load to 'cpu'")
+    return dev
 
 
 def _views(plan: LoadPlan, buffers: list[torch.Tensor]) -> LoadedTensors:

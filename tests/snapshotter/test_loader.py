@@ -196,3 +196,38 @@ def test_unknown_device_is_refused(tmp_path: Path, llama_dir: Path) -> None:
         load("llama:v1", "meta", registry=registry)
     with pytest.raises(TypeError, match="registry="):
         load("llama:v1")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cuda_without_a_gpu_says_so(tmp_path: Path) -> None:
+    snap = Snapshotter(Registry(LocalStore(tmp_path / "store")))
+    with pytest.raises(ValueError, match="no CUDA device"):
+        snap.load("llama:v1", "cuda")
+    with pytest.raises(ValueError, match="no CUDA device"):
+        snap.prewarm("cuda:0")
+
+
+def test_public_surface_is_pinned_and_light() -> None:
+    import subprocess
+    import sys
+
+    import snapshotter
+
+    assert set(snapshotter.__all__) >= {
+        "CacheInventory",
+        "ChunkSource",
+        "DiskCache",
+        "LoadReport",
+        "LoadedTensors",
+        "ModuleAccessRecorder",
+        "ModuleLoadResult",
+        "Snapshotter",
+        "load",
+        "load_into_module",
+        "record_access",
+    }
+    for name in snapshotter.__all__:
+        assert getattr(snapshotter, name) is not None
+    probe = "import sys, snapshotter; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"  # importing the package does not import torch
