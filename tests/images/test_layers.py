@@ -72,7 +72,7 @@ def test_push_refuses_entry_naming_it(
 
 def test_entry_below_a_symlink_of_the_same_layer_is_refused(registry: Registry) -> None:
     members = [Member("etc", "symlink", link="/tmp"), Member("etc/cron.d/job", data=b"x")]
-    with pytest.raises(BadArtifactError, match="etc/cron.d/job.*symbolic link"):
+    with pytest.raises(BadArtifactError, match=r"etc/cron.d/job.*symbolic link"):
         _read(registry, members)
 
 

@@ -29,7 +29,10 @@ class LazyFs(pyfuse3.Operations):
         self.tree = tree
         self.reader = reader
         self.recorder = recorder
-        self._paths = {ino: path for path, ino in tree.by_path.items()}
+        # A hard-linked inode is recorded under its first path (the link's source).
+        self._paths: dict[int, str] = {}
+        for path, ino in tree.by_path.items():
+            self._paths.setdefault(ino, path)
 
     # --- metadata ------------------------------------------------------------
     def _node(self, inode: int) -> Node:

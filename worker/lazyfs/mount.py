@@ -75,7 +75,9 @@ class LazyMount:
                 if self.request({"op": "ping"}, timeout_s=1.0).get("ok"):
                     return
             time.sleep(0.02)
-        raise MountError(f"the lazy mount at {self.config.mountpoint} did not answer in {timeout_s:g}s")
+        raise MountError(
+            f"the lazy mount at {self.config.mountpoint} did not answer in {timeout_s:g}s"
+        )
 
     def output(self) -> str:
         try:
@@ -129,9 +131,7 @@ class LazyMount:
                 self.proc.wait()
         # A killed or crashed process leaves its mount point "transport not connected".
         if os.path.ismount(self.config.mountpoint) or _is_dead_mount(self.config.mountpoint):
-            subprocess.run(
-                ["fusermount3", "-u", "-z", self.config.mountpoint], capture_output=True
-            )
+            subprocess.run(["fusermount3", "-u", "-z", self.config.mountpoint], capture_output=True)
         self.log_path.unlink(missing_ok=True)
 
     def __enter__(self) -> LazyMount:

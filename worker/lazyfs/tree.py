@@ -41,6 +41,8 @@ class Node:
 
     @property
     def st_mode(self) -> int:
+        if self.entry.type == "symlink":
+            return stat.S_IFLNK | 0o777  # Linux ignores, and always shows, a link's mode
         return _TYPE_BITS[self.entry.type] | (self.entry.mode & 0o7777)
 
     @property
@@ -100,7 +102,9 @@ def build_tree(
     return Tree(nodes, by_path)
 
 
-def _hardlink_source(entry: TocEntry, by_path: dict[str, int], nodes: dict[int, Node]) -> int | None:
+def _hardlink_source(
+    entry: TocEntry, by_path: dict[str, int], nodes: dict[int, Node]
+) -> int | None:
     if entry.type != "hardlink":
         return None
     ino = by_path.get(entry.link)
