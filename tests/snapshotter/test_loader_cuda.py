@@ -85,7 +85,8 @@ def test_meta_module_fill_on_cuda(tmp_path: Path, llama_dir: Path) -> None:
     with torch.device("meta"):
         model = LlamaForCausalLM(AutoConfig.from_pretrained(llama_dir))
     Snapshotter(registry).load_into_module(model, "llama:v1", "cuda")
-    reference = LlamaForCausalLM.from_pretrained(llama_dir).cuda()
+    reference = LlamaForCausalLM.from_pretrained(llama_dir)
+    torch.nn.Module.to(reference, "cuda")  # (transformers' typed .to() confuses mypy)
     ids = torch.tensor([[1, 5, 9, 200]], device="cuda")
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, reference(ids).logits)
