@@ -48,6 +48,15 @@ class StoreSpec(BaseModel):
     loader_decode_threads: int = 4
 
 
+class ContainerSpec(BaseModel):
+    """How the Docker runtime runs a replica (``runtime: docker`` functions only)."""
+
+    image: str  # NAME:TAG pushed with `thaw images push`, or an image digest
+    network: bool = False  # no network unless the function allows it
+    memory_bytes: int | None = None
+    cpus: float | None = None
+
+
 class ReplicaSpec(BaseModel):
     """Everything a generic child needs to become one function's replica."""
 
@@ -62,6 +71,7 @@ class ReplicaSpec(BaseModel):
     device: Literal["cpu", "cuda"] = "cpu"
     env: dict[str, str] = Field(default_factory=dict)
     store: StoreSpec | None = None
+    container: ContainerSpec | None = None  # set when the function runs in a container
 
 
 # --- agent → child ---------------------------------------------------------
