@@ -122,6 +122,25 @@ class Snapshotter:
         digest = self.registry.resolve(ref)
         return digest, self.registry.get_manifest(digest)
 
+    def read_file(self, ref: str | Reference, path: str) -> bytes:
+        """One file of the artifact (e.g. ``config.json``), verified and through the cache.
+
+        Raises ``KeyError`` naming the path when the artifact has no such file.
+        """
+        _digest, manifest = self.resolve(ref)
+        try:
+            entry = manifest.file(path)
+        except KeyError:
+            raise KeyError(f"{ref} has no file {path!r}") from None
+        out = bytearray(entry.size)
+        view = memoryview(out)
+        try:
+            for chunk in entry.chunks:
+                self.source.load_into(chunk, view[chunk.offset : chunk.end])
+        except IntegrityError as exc:
+            raise type(exc)(f"{ref}: {exc}") from exc
+        return bytes(out)
+
     def prewarm(self, device: str | torch.device) -> None:
         """Allocate the pinned staging pool for a CUDA device ahead of a load."""
         dev = _check_device(torch.device(device))

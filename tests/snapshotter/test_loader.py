@@ -82,6 +82,20 @@ def test_fill_meta_module_gives_the_same_logits(tmp_path: Path, llama_dir: Path)
         assert torch.equal(model.eval()(ids).logits, reference.eval()(ids).logits)
 
 
+def test_read_file_returns_verified_bytes_through_the_cache(
+    tmp_path: Path, llama_dir: Path
+) -> None:
+    registry, store = counting_registry(StoreConfig(url=str(tmp_path / "store")))
+    push(registry, llama_dir, "llama:v1")
+    snap = Snapshotter(registry, _cache(tmp_path))
+    assert snap.read_file("llama:v1", "config.json") == (llama_dir / "config.json").read_bytes()
+    store.reset()
+    assert snap.read_file("llama:v1", "config.json") == (llama_dir / "config.json").read_bytes()
+    assert store.chunk_gets() == []
+    with pytest.raises(KeyError, match=r"no file 'nope\.json'"):
+        snap.read_file("llama:v1", "nope.json")
+
+
 def test_fill_reports_missing_and_unexpected_keys(tmp_path: Path, llama_dir: Path) -> None:
     from transformers import AutoConfig, LlamaForCausalLM
 
