@@ -82,6 +82,33 @@ def test_fill_meta_module_gives_the_same_logits(tmp_path: Path, llama_dir: Path)
         assert torch.equal(model.eval()(ids).logits, reference.eval()(ids).logits)
 
 
+def test_fill_ties_weights_the_checkpoint_omits(tmp_path: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(3)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "tied")
+    assert "lm_head.weight" not in expected_tensors(tmp_path / "tied")
+    registry = Registry(LocalStore(tmp_path / "store"))
+    push(registry, tmp_path / "tied", "tied:v1")
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    load_into_module(model, "tied:v1", registry=registry)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    reference = LlamaForCausalLM.from_pretrained(tmp_path / "tied")
+    ids = torch.tensor([[1, 2, 3, 60]])
+    with torch.no_grad():
+        assert torch.equal(model.eval()(ids).logits, reference.eval()(ids).logits)
+
+
 def test_read_file_returns_verified_bytes_through_the_cache(
     tmp_path: Path, llama_dir: Path
 ) -> None:
