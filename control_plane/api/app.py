@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio.to_thread
 from fastapi import FastAPI
 
 from control_plane.api import errors
@@ -46,6 +47,8 @@ from control_plane.services.reconciler import Reconciler
 from control_plane.settings import Settings
 from snapshotter.registry import Registry
 from snapshotter.stores import open_store
+
+SYNC_THREADS = 256
 
 
 def default_dispatcher(settings: Settings) -> Dispatcher:
@@ -108,6 +111,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Synchronous and streaming invokes hold a worker thread while they
+        # wait; anyio's default of 40 would cap concurrent waiting callers.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = SYNC_THREADS
         if run_loop:
             loop.start()
         try:
