@@ -10,6 +10,7 @@ import typer
 
 from cli import functions, images, invoke, keys, models
 from cli.server import server
+from cli.up import up
 from cli.worker import worker
 
 app = typer.Typer(
@@ -20,6 +21,7 @@ app = typer.Typer(
 app.add_typer(models.app, name="models")
 app.add_typer(images.app, name="images")
 app.command("worker")(worker)
+app.command("up")(up)
 app.command("server")(server)
 app.add_typer(keys.app, name="keys")
 app.command("deploy")(functions.deploy)

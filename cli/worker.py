@@ -18,6 +18,7 @@ def worker(
     from worker.bootstrap import MissingKeyError, serve
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s worker %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per event is noise
     overrides = {k: v for k, v in {"server_url": server_url, "api_key": api_key}.items() if v}
     settings = Settings(**overrides)  # type: ignore[arg-type]
     try:

@@ -1,0 +1,305 @@
+"""``thaw up``: the whole platform on this machine, in one command.
+
+In order: migrate the database (SQLite under THAW_HOME by default); make an
+admin key and a worker key (kept in ``<home>/admin.key`` and
+``<home>/worker/api.key``, mode 600, reused while valid); build the example
+model and its two LoRA adapters locally (``examples/build_model.py``, once)
+and push them to the store; start the control plane and one worker as child
+processes (logs in ``<home>/logs``); deploy ``examples/textgen``; print the
+admin key and ready-to-paste curl lines. Ctrl-C (or SIGTERM) stops the
+worker, which stops its replicas, then the control plane; a child that does
+not exit within the grace period is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Annotated, Any
+
+import httpx
+import typer
+
+from cli.control import err, fail, out
+from control_plane.settings import Settings
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO_ROOT / "examples"
+EXAMPLE_FUNCTION = "textgen"
+EXAMPLE_ARTIFACTS = {
+    "model": "textgen-llama:v1",
+    "pirate": "textgen-pirate:v1",
+    "poet": "textgen-poet:v1",
+}
+STOP_GRACE_S = 15.0
+START_TIMEOUT_S = 180.0
+
+
+def up(
+    port: Annotated[int, typer.Option(help="control plane port")] = 8000,
+    host: Annotated[str, typer.Option(help="control plane bind address")] = "127.0.0.1",
+) -> None:
+    """Start thaw on this machine (control plane + one worker) with the example deployed."""
+    url = f"http://{host}:{port}"
+    settings = Settings(server_host=host, server_port=port, server_url=url)
+    home = settings.home.resolve()
+    if not (EXAMPLES / EXAMPLE_FUNCTION / "thaw.toml").is_file():
+        raise fail(f"{EXAMPLES} is missing: run `thaw up` from a checkout of the thaw repository")
+    admin_key, worker_key = prepare(settings, home)
+    env = {
+        "THAW_HOME": str(home),
+        "THAW_SERVER_URL": url,
+        "THAW_SERVER_HOST": host,
+        "THAW_SERVER_PORT": str(port),
+    }
+    stop = threading.Event()
+    with Children(home / "logs") as children, signals_set(stop):
+        children.start("server", ["server", "--host", host, "--port", str(port)], env)
+        wait_until(lambda: healthy(url), "the control plane", children, stop)
+        children.start("worker", ["worker"], {**env, "THAW_API_KEY": worker_key})
+        devices = wait_until(lambda: worker_devices(url, admin_key), "the worker", children, stop)
+        deploy_example(env, admin_key)
+        banner(url, admin_key, devices, home)
+        children.wait(stop)
+    out.print("thaw stopped.")
+
+
+# --- preparation -------------------------------------------------------------
+def prepare(settings: Settings, home: Path) -> tuple[str, str]:
+    """Migrate, make keys, build and push the example model. Returns (admin, worker) keys."""
+    from control_plane.db import migrate
+
+    db_url = settings.database_url_resolved()
+    migrate.upgrade(db_url)
+    out.print(f"database ready ({_redacted(db_url)})")
+    admin_key = ensure_key(db_url, settings.admin_key_file or home / "admin.key", "admin")
+    worker_key = ensure_key(db_url, home / "worker" / "api.key", "worker")
+    built = build_example(home / "example")
+    push_example(settings, built)
+    return admin_key, worker_key
+
+
+def ensure_key(db_url: str, path: Path, scope: str) -> str:
+    """The key kept at ``path`` if the database still accepts it, else a new one written there."""
+    from control_plane.db.session import Database
+    from control_plane.errors import UnauthorizedError
+    from control_plane.services import keys
+
+    db = Database(db_url)
+    try:
+        with db.session() as s:
+            if path.is_file():
+                token = path.read_text().strip()
+                try:
+                    keys.authenticate(s, token)
+                    return token
+                except UnauthorizedError:
+                    pass  # revoked, or another database: make a new one
+            token, _ = keys.create_key(s, time.time(), [scope], name=f"thaw up {scope}")
+    finally:
+        db.dispose()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+def build_example(out_dir: Path) -> dict[str, Path]:
+    """The example model and adapters, built once (``examples/build_model.py``)."""
+    dirs = {"model": out_dir / "model", **{n: out_dir / "adapters" / n for n in ("pirate", "poet")}}
+    marker = out_dir / ".built"
+    if not marker.is_file():
+        out.print("building the example model and adapters (tiny Llama, local tokenizer)…")
+        cmd = [sys.executable, str(EXAMPLES / "build_model.py"), str(out_dir)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise fail(f"examples/build_model.py failed:\n{done.stderr[-3000:]}")
+        marker.write_text("ok\n")
+    return dirs
+
+
+def push_example(settings: Settings, dirs: dict[str, Path]) -> None:
+    from snapshotter.push import push_directory
+    from snapshotter.registry import Registry
+    from snapshotter.stores import open_store
+
+    registry = Registry(open_store(settings.store_config()))
+    for name, ref in EXAMPLE_ARTIFACTS.items():
+        result = push_directory(dirs[name], ref, registry)
+        out.print(f"pushed {ref} ({result.raw_size_bytes / 1e6:.1f} MB) to {registry.store.url}")
+
+
+def deploy_example(env: dict[str, str], admin_key: str) -> None:
+    cmd = [sys.executable, "-m", "cli.main", "deploy", str(EXAMPLES / EXAMPLE_FUNCTION)]
+    done = subprocess.run(
+        cmd, env={**os.environ, **env, "THAW_API_KEY": admin_key}, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise fail(f"deploying the example failed:\n{(done.stderr or done.stdout)[-3000:]}")
+    out.print(done.stdout.strip())
+
+
+# --- children ----------------------------------------------------------------
+class Children:
+    """Child processes of ``thaw``, each in its own session, logging to a file.
+
+    Stopped in reverse start order (the worker stops its replicas before
+    the control plane goes away): SIGTERM, then SIGKILL after the grace.
+    """
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
+
+    def __enter__(self) -> Children:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
+    def start(self, name: str, args: list[str], env: dict[str, str]) -> None:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (closed in stop_all)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", *args],
+            env={**os.environ, **env},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches thaw up only; it stops them in order
+        )
+        self.procs.append((name, proc, log))
+        out.print(f"started {name} (pid {proc.pid}, log {self.log_dir / f'{name}.log'})")
+
+    def dead(self) -> str | None:
+        """The name of a child that exited, if any."""
+        return next((name for name, p, _ in self.procs if p.poll() is not None), None)
+
+    def wait(self, stop: threading.Event) -> None:
+        """Until ``stop`` is set or a child exits (then raise, with its log's tail)."""
+        while not stop.wait(0.5):
+            self.check()
+
+    def check(self) -> None:
+        name = self.dead()
+        if name is not None:
+            raise fail(f"the {name} exited unexpectedly; its log ends with:\n{self.tail(name)}")
+
+    def tail(self, name: str, lines: int = 30) -> str:
+        text = (self.log_dir / f"{name}.log").read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop_all(self) -> None:
+        for name, proc, log in reversed(self.procs):
+            if proc.poll() is None:
+                out.print(f"stopping {name}…")
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    err.print(f"{name} did not stop in {STOP_GRACE_S:g} s; killing it")
+                    proc.kill()
+                    proc.wait()
+            log.close()
+        self.procs.clear()
+
+
+class signals_set:
+    """SIGINT, SIGTERM and SIGHUP set ``stop`` instead of raising, while inside."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> None:
+        for sig in self.SIGNALS:
+            self.previous[sig] = signal.signal(sig, lambda *_: self.stop.set())
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def wait_until(
+    probe: Callable[[], Any], what: str, children: Children, stop: threading.Event
+) -> Any:
+    """Poll ``probe`` until it returns a truthy value; fail if a child dies or on timeout."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if stop.is_set():
+            raise typer.Exit(130)
+        children.check()
+        value = probe()
+        if value:
+            return value
+        stop.wait(0.2)
+    raise fail(f"{what} did not come up in {START_TIMEOUT_S:g} s; see the logs")
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def worker_devices(url: str, admin_key: str) -> list[dict[str, Any]] | None:
+    """The devices of the first live worker, once one has registered."""
+    try:
+        r = httpx.get(f"{url}/v1/workers", headers=_auth(admin_key), timeout=5)
+    except httpx.HTTPError:
+        return None
+    live = [w for w in r.json() if not w.get("lost")] if r.status_code == 200 else []
+    if not live:
+        return None
+    return list(live[0]["devices"]) or [{"kind": "cpu"}]
+
+
+# --- output ------------------------------------------------------------------
+def banner(url: str, admin_key: str, devices: list[dict[str, Any]], home: Path) -> None:
+    gpus = [d for d in devices if d.get("kind") == "cuda"]
+    where = (
+        f"{len(gpus)} GPU(s): {', '.join(d.get('name', 'cuda') for d in gpus)}"
+        if gpus
+        else "no GPU found: functions run on the CPU"
+    )
+    invoke = f"{url}/v1/functions/{EXAMPLE_FUNCTION}/invoke"
+    body = '{"input": {"prompt": "The quick brown fox", "max_tokens": 24}}'
+    adapter_body = '{"input": {"prompt": "Hello", "max_tokens": 24}, "adapter": "pirate"}'
+    auth = f"-H {shlex.quote('Authorization: Bearer ' + admin_key)}"
+    json_h = "-H 'Content-Type: application/json'"
+    out.print(f"\n[bold green]thaw is up[/bold green] at {url} with one worker ({where}).")
+    out.print(f"state and logs: {home}\n")
+    out.print("[bold]admin key[/bold] (also in admin.key there):")
+    out.print(admin_key, soft_wrap=True)
+    out.print(f"\nexport THAW_SERVER_URL={url} THAW_API_KEY={admin_key}\n", soft_wrap=True)
+    out.print("[bold]invoke (sync):[/bold]")
+    out.print(f"curl -s {invoke} {auth} {json_h} -d '{body}'", soft_wrap=True)
+    out.print("[bold]invoke (streaming tokens, server-sent events):[/bold]")
+    out.print(
+        f"curl -sN {invoke} {auth} {json_h} -H 'Accept: text/event-stream' -d '{body}'",
+        soft_wrap=True,
+    )
+    out.print("[bold]with a LoRA adapter:[/bold]")
+    out.print(f"curl -s {invoke} {auth} {json_h} -d '{adapter_body}'", soft_wrap=True)
+    out.print(f"\nweb console: {url}/   —   Ctrl-C stops everything.")
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _redacted(db_url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(db_url).render_as_string(hide_password=True)
