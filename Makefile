@@ -19,7 +19,7 @@ install: $(STAMP)
 
 # Debian packages the suite needs (browser, docker engine, fuse); no-op when present.
 system-deps:
-	./scripts/system-deps.sh docker.io fuse3 libfuse3-dev pkg-config debootstrap
+	./scripts/system-deps.sh docker.io fuse3 libfuse3-dev pkg-config debootstrap chromium
 	./scripts/start-dockerd.sh
 
 lint: install

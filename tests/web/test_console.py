@@ -182,10 +182,11 @@ def test_failed_deploy_and_failed_call_show_messages(console: Console, platform:
     page.get_by_role("button", name="Invoke").click()
     alert.get_by_text("asked to fail: on purpose").wait_for(timeout=60_000)
     assert "failed" in page.locator("#pg-info").inner_text()
+    console.screenshot("failed-call")
     page.get_by_label("Input (JSON)").fill("{not json")
     page.get_by_role("button", name="Invoke").click()
     alert.get_by_text("not valid JSON").wait_for()
-    console.screenshot("failed-call")
+    console.screenshot("invalid-input")
     console.assert_clean(expected_statuses=(400,))
 
 

@@ -141,6 +141,7 @@ function playgroundCard(fn, ctx, refresh) {
     try {
       value = input.value.trim() ? JSON.parse(input.value) : null;
     } catch (err) {
+      replace(info, "");
       ctx.notify(`The input is not valid JSON: ${err.message}`, "error");
       input.focus();
       return;
