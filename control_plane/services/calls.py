@@ -113,10 +113,26 @@ def accept(
         existing = _by_idempotency(session, fn.name, who.key_id, req.idempotency_key)
         if existing is not None:
             return _same_or_conflict(existing, input_json), False
+    row = _new_call(now, who, fn, req, input_json)
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError:
+        # Another request with the same idempotency key won the insert.
+        existing = _by_idempotency(session, fn.name, who.key_id, req.idempotency_key)
+        if existing is None:
+            raise
+        return _same_or_conflict(existing, input_json), False
+    return view(row), True
+
+
+def _new_call(
+    now: float, who: Principal, fn: ActiveVersion, req: CallRequest, input_json: str
+) -> Call:
     timeout_s = fn.spec.timeout_s
     if req.deadline_ms is not None:
         timeout_s = min(timeout_s, req.deadline_ms / 1000)
-    row = Call(
+    return Call(
         id=uuid.uuid4().hex,
         function=fn.name,
         version=fn.version,
@@ -134,16 +150,6 @@ def accept(
         phases_json="{}",
         timings_json="{}",
     )
-    try:
-        with session.begin_nested():
-            session.add(row)
-    except IntegrityError:
-        # Another request with the same idempotency key won the insert.
-        existing = _by_idempotency(session, fn.name, who.key_id, req.idempotency_key)
-        if existing is None:
-            raise
-        return _same_or_conflict(existing, input_json), False
-    return view(row), True
 
 
 def _by_idempotency(session: Session, fn: str, key_id: str, key: str | None) -> Call | None:

@@ -1,0 +1,108 @@
+"""A Hypothesis state machine over the call lifecycle on a real (in-memory SQLite)
+database: whatever order worker events, cancels, deadlines and lost workers come
+in, a call reaches exactly one final state and never leaves it."""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from sqlalchemy import create_engine, update
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import StaticPool
+
+from control_plane.db.models import Base, Call
+from control_plane.errors import ConflictError
+from control_plane.protocol import CallEvent
+from control_plane.services import calls, workers
+from control_plane.services.states import FINAL_CALL_STATES
+
+
+class CallLifecycle(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        engine = create_engine("sqlite://", poolclass=StaticPool)
+        Base.metadata.create_all(engine)
+        self.session = Session(engine)
+        self.session.add(
+            Call(
+                id="c",
+                function="f",
+                version=1,
+                api_key_id="k",
+                status="queued",
+                input_json="null",
+                retries=1,
+                timeout_s=1,
+                accepted_at=0,
+                deadline_at=1,
+            )
+        )
+        self.session.commit()
+        self.final: str | None = None
+        self.wins = 0
+        self.now = 0.0
+
+    def _row(self) -> Call:
+        row = self.session.get(Call, "c")
+        assert row is not None
+        self.session.refresh(row)
+        return row
+
+    def _end(self, won: bool, status: str) -> None:
+        self.session.commit()
+        if won:
+            self.wins += 1
+            self.final = status
+
+    @rule()
+    def dispatch(self) -> None:
+        self.session.execute(
+            update(Call).where(Call.id == "c", Call.status == "queued").values(status="dispatched")
+        )
+        self.session.commit()
+
+    @rule(
+        kind=st.sampled_from(["started", "output", "succeeded", "failed", "timeout", "cancelled"]),
+        stale=st.booleans(),
+    )
+    def worker_event(self, kind: str, stale: bool) -> None:
+        attempt = self._row().attempt + (1 if stale else 0)
+        before = self._row().status
+        try:
+            calls.record_event(
+                self.session, None, self.now, "c", CallEvent(attempt=attempt, kind=kind)
+            )
+        except ConflictError:
+            self.session.rollback()
+            assert before in FINAL_CALL_STATES or stale
+            return
+        assert not stale and before not in FINAL_CALL_STATES
+        self._end(kind in FINAL_CALL_STATES, kind)
+
+    @rule(status=st.sampled_from(FINAL_CALL_STATES))
+    def someone_ends_it(self, status: str) -> None:
+        self.now += 0.1
+        self._end(calls.finalize(self.session, None, self.now, "c", status), status)
+
+    @rule()
+    def worker_lost(self) -> None:
+        row = self._row()
+        if row.status in ("dispatched", "running"):
+            workers.requeue_or_fail(self.session, None, self.now, row, "lost")
+            self.session.commit()
+            if self._row().status == "failed":
+                self._end(True, "failed")
+
+    @invariant()
+    def one_final_state_forever(self) -> None:
+        status = self._row().status
+        assert self.wins <= 1
+        if self.final is not None:
+            assert status == self.final
+        else:
+            assert status not in FINAL_CALL_STATES
+
+
+CallLifecycle.TestCase.settings = settings(max_examples=60, stateful_step_count=20, deadline=None)
+TestCallLifecycle = CallLifecycle.TestCase
