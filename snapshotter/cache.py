@@ -4,6 +4,7 @@ Layout under ``CacheConfig.directory``::
 
     chunks/<hex[:2]>/<hex>     a framed chunk, byte-identical to the store's object
     chunks/<hex[:2]>/.tmp-*    a write in progress (removed on error, ignored on scan)
+    manifests/<hex>            a manifest's canonical JSON (immutable, tiny, not evicted)
 
 LRU state is the file's mtime: a hit sets it to now, so the order of last use
 survives a restart (the index is rebuilt from a directory scan). Eviction is a
@@ -40,7 +41,7 @@ from pathlib import Path
 
 from snapshotter import codec
 from snapshotter.config import CacheConfig
-from snapshotter.digest import hex_part
+from snapshotter.digest import digest_bytes, hex_part
 from snapshotter.errors import CacheFullError, IntegrityError, StoreError
 from snapshotter.manifest import ChunkRef, Manifest
 
@@ -104,6 +105,7 @@ class DiskCache:
         self.config = config
         self.root = Path(config.directory) / "chunks"
         self.root.mkdir(parents=True, exist_ok=True)
+        self.manifest_root = Path(config.directory) / "manifests"
         self._lock = threading.Lock()
         self._entries: dict[str, CacheEntry] = {}
         self._writing: set[str] = set()  # reserved in _entries, file not yet renamed in
@@ -191,6 +193,23 @@ class DiskCache:
             return None
         self._touch(digest)
         return data
+
+    # --- manifests -----------------------------------------------------------
+    def get_manifest(self, digest: str) -> bytes | None:
+        """A cached manifest's bytes, only if they still hash to ``digest``."""
+        path = self.manifest_root / hex_part(digest)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if digest_bytes(data) != digest:
+            path.unlink(missing_ok=True)
+            return None
+        return data
+
+    def put_manifest(self, digest: str, data: bytes) -> None:
+        """Keep a manifest (content-addressed, so never stale); errors as ``put``."""
+        _write_atomic(self.manifest_root / hex_part(digest), [memoryview(data)])
 
     # --- writes --------------------------------------------------------------
     def put(self, digest: str, framed: bytes | memoryview) -> None:
@@ -300,7 +319,7 @@ def _write_atomic(path: Path, parts: list[memoryview]) -> None:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             raise CacheFullError(
-                f"cache disk {path.parent.parent.parent} is full while writing a "
+                f"the cache disk is full while writing {path}, a "
                 f"{sum(len(p) for p in parts)}-byte chunk; free space or lower "
                 "THAW_CACHE_MAX_BYTES"
             ) from exc

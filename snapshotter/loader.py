@@ -19,6 +19,7 @@ goes where, in which order) is ``snapshotter.load_plan``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -27,7 +28,7 @@ import torch
 
 from snapshotter.cache import DiskCache
 from snapshotter.config import LoaderConfig
-from snapshotter.errors import IntegrityError
+from snapshotter.errors import IntegrityError, StoreError
 from snapshotter.load_plan import ChunkWork, LoadPlan, plan_load, tensor_view
 from snapshotter.manifest import Manifest
 from snapshotter.pipeline import StageTotals, Target, run_pipeline
@@ -119,8 +120,31 @@ class Snapshotter:
         self._staging: dict[str, StagingPool] = {}
 
     def resolve(self, ref: str | Reference) -> tuple[str, Manifest]:
+        """(manifest digest, manifest). A digest ref with a cached manifest needs no store
+        request; NAME:TAG always reads the tag (tags move)."""
         digest = self.registry.resolve(ref)
-        return digest, self.registry.get_manifest(digest)
+        cache = self.source.cache
+        data = cache.get_manifest(digest) if cache is not None else None
+        if data is not None:
+            return digest, Manifest.from_json(data)
+        manifest = self.registry.get_manifest(digest)
+        if cache is not None:
+            # A full cache disk only costs the next load one manifest read.
+            with contextlib.suppress(StoreError):
+                cache.put_manifest(digest, manifest.to_json())
+        return digest, manifest
+
+    def _plan(self, digest: str, manifest: Manifest, use_profile: bool) -> LoadPlan:
+        # The recorded order only matters when chunks come from the store; a fully
+        # cached load skips the profile read, so it makes no store request at all.
+        plan = plan_load(manifest)
+        cache = self.source.cache
+        if not use_profile or (
+            cache is not None and all(w.chunk.digest in cache for w in plan.work)
+        ):
+            return plan
+        order = self.registry.get_profile(digest)
+        return plan_load(manifest, order) if order else plan
 
     def read_file(self, ref: str | Reference, path: str) -> bytes:
         """One file of the artifact (e.g. ``config.json``), verified and through the cache.
@@ -154,8 +178,7 @@ class Snapshotter:
         start = time.perf_counter()
         dev = _check_device(torch.device(device))
         digest, manifest = self.resolve(ref)
-        order = self.registry.get_profile(digest) if use_profile else None
-        plan = plan_load(manifest, order)
+        plan = self._plan(digest, manifest, use_profile)
         buffers = [torch.empty(f.data_bytes, dtype=torch.uint8, device=dev) for f in plan.files]
         setup_s = time.perf_counter() - start
         try:

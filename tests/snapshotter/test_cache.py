@@ -197,3 +197,15 @@ def test_drop_removes_the_entry(tmp_path: Path) -> None:
     assert ref.digest not in cache
     assert not cache.path(ref.digest).exists()
     assert cache.total_bytes == 0
+
+
+def test_manifests_are_kept_and_checked_against_their_digest(tmp_path: Path) -> None:
+    cache = _cache(tmp_path)
+    data = b'{"schema":"thaw.manifest/v1"}'
+    digest = digest_bytes(data)
+    assert cache.get_manifest(digest) is None
+    cache.put_manifest(digest, data)
+    assert cache.get_manifest(digest) == data
+    (tmp_path / "cache" / "manifests" / digest.split(":")[1]).write_bytes(data + b" ")
+    assert cache.get_manifest(digest) is None  # tampered: ignored and removed
+    assert not (tmp_path / "cache" / "manifests" / digest.split(":")[1]).exists()

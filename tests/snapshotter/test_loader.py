@@ -57,7 +57,10 @@ def test_second_load_makes_no_store_request(
 
     store.reset()
     second = Snapshotter(registry, _cache(tmp_path)).load(digest)  # a fresh process, same disk
-    assert store.chunk_gets() == []
+    assert store.gets == []  # no chunk, manifest or profile read
+    third = Snapshotter(registry, _cache(tmp_path)).load("llama:v1")
+    assert store.gets == ["tags/llama/v1"]  # a tag can move, so it is always read
+    assert third.report.store_gets == 0
     assert second.report.store_bytes == 0
     assert second.report.cache_hits == first.report.store_gets
     assert second.report.cache_hit_bytes == second.report.verify_decompress.bytes
