@@ -29,6 +29,7 @@
 | result_poll_interval_s     | THAW_RESULT_POLL_INTERVAL_S  | 0.25 (other processes' results) |
 | deploy_validate_timeout_s  | THAW_DEPLOY_VALIDATE_TIMEOUT_S | 120                |
 | worker_name                | THAW_WORKER_NAME             | (host name)          |
+| worker_dir                 | THAW_WORKER_DIR              | <home>/worker (id, code bundles; one per agent) |
 | worker_concurrency         | THAW_WORKER_CONCURRENCY      | 32 (Celery threads: calls + starts at once) |
 | worker_pool_size           | THAW_WORKER_POOL_SIZE        | 0 (pre-warmed generic replica processes per device) |
 
@@ -77,6 +78,7 @@ class Settings(BaseSettings):
     deploy_validate_timeout_s: float = 120.0
     # --- worker agent (see worker/) ---
     worker_name: str | None = None
+    worker_dir: Path | None = None
     worker_concurrency: int = Field(default=32, ge=1)
     worker_pool_size: int = Field(default=0, ge=0)
 

@@ -7,7 +7,7 @@ One agent per machine. ``Agent.run`` blocks until its stop event is set
                                                                     │
       stop consumer ◀── stop every replica ◀── refuse new work ◀────┘
 
-The worker id is generated once and kept in ``<home>/worker/id``, so a
+The worker id is generated once and kept in ``<state_dir>/id``, so a
 restarted agent is the same worker to the control plane and finds messages
 still in its queue.
 """
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class AgentConfig:
-    home: Path
+    state_dir: Path  # this agent's own: its id lives here (two agents need two)
     server_url: str
     api_key: str
     broker: BrokerConfig
@@ -44,9 +44,9 @@ class AgentConfig:
     pool_size: int = 0
 
 
-def worker_id(home: Path) -> str:
-    """This machine's worker id, created on first use."""
-    path = home / "worker" / "id"
+def worker_id(state_dir: Path) -> str:
+    """This agent's worker id, created on first use."""
+    path = state_dir / "id"
     if path.is_file():
         return path.read_text().strip()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -67,7 +67,7 @@ class Agent:
         self.runtime = runtime
         self.client = client
         self.inventory = inventory
-        self.worker_id = worker_id(config.home)
+        self.worker_id = worker_id(config.state_dir)
         self.manager = ReplicaManager(runtime, client, config.store)
         self.devices = detect_devices()
         self.heartbeat_interval_s = 2.0

@@ -10,6 +10,7 @@ import logging
 import signal
 import socket
 import threading
+from pathlib import Path
 from types import FrameType
 
 from control_plane.settings import Settings
@@ -30,6 +31,10 @@ class MissingKeyError(Exception):
     """The worker has no API key to talk to the control plane with."""
 
 
+def worker_dir(settings: Settings) -> Path:
+    return settings.worker_dir or settings.home / "worker"
+
+
 def store_spec(settings: Settings) -> StoreSpec:
     store = settings.store_config()
     cache = settings.cache_config()
@@ -42,7 +47,7 @@ def store_spec(settings: Settings) -> StoreSpec:
         s3_secret_access_key=store.s3.secret_access_key,
         cache_dir=str(cache.directory.resolve()),
         cache_max_bytes=cache.max_bytes,
-        bundles_dir=str((settings.home / "worker" / "bundles").resolve()),
+        bundles_dir=str((worker_dir(settings) / "bundles").resolve()),
         chunk_size_bytes=loader.chunk_size_bytes,
         loader_max_inflight_bytes=loader.max_inflight_bytes,
         loader_fetch_threads=loader.fetch_threads,
@@ -58,7 +63,7 @@ def agent_config(settings: Settings) -> AgentConfig:
         )
     broker_url = settings.broker_url_resolved()
     return AgentConfig(
-        home=settings.home,
+        state_dir=worker_dir(settings),
         server_url=settings.server_url,
         api_key=settings.api_key,
         broker=BrokerConfig(

@@ -28,7 +28,7 @@ def running(tmp_path: Path) -> Iterator[tuple[Agent, Recorder, CeleryDispatcher,
     recorder = Recorder()
     broker = BrokerConfig("filesystem://", tmp_path / "broker", 0.02)
     config = AgentConfig(
-        home=tmp_path,
+        state_dir=tmp_path / "worker",
         server_url="http://cp.test",
         api_key="k",
         broker=broker,
