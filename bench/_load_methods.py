@@ -33,11 +33,30 @@ READ_THREADS = 4
 READ_BLOCK_BYTES = 4 << 20
 
 
+@dataclass(frozen=True)
+class Span:
+    """One timed region: wall seconds, and CPU seconds of all this process's threads."""
+
+    load_s: float
+    cpu_s: float
+
+
+class Clock:
+    """Starts at construction; ``stop()`` gives the ``Span`` since then."""
+
+    def __init__(self) -> None:
+        self._wall0 = time.perf_counter()
+        self._cpu0 = time.process_time()
+
+    def stop(self) -> Span:
+        return Span(time.perf_counter() - self._wall0, time.process_time() - self._cpu0)
+
+
 @dataclass
 class Loaded:
     """What a method produced: its tensors (None for ceilings) and extra facts to report."""
 
-    load_s: float
+    span: Span
     tensors: dict[str, torch.Tensor] | None
     extra: dict[str, Any] = field(default_factory=dict)
     keep: list[Any] = field(default_factory=list)  # objects the tensors' memory depends on
@@ -77,21 +96,21 @@ def _read_files(paths: list[str]) -> list[torch.Tensor]:
 
 def method_read(spec: dict[str, Any]) -> Loaded:
     """Ceiling: the files' bytes into fresh memory with parallel ``preadv``, nothing else."""
-    t0 = time.perf_counter()
+    clock = Clock()
     bufs = _read_files(spec["files"])
-    load_s = time.perf_counter() - t0
-    return Loaded(load_s, None, {"bytes": sum(b.numel() for b in bufs)}, keep=bufs)
+    span = clock.stop()
+    return Loaded(span, None, {"bytes": sum(b.numel() for b in bufs)}, keep=bufs)
 
 
 def method_memcpy(spec: dict[str, Any]) -> Loaded:
     """Ceiling: copy the model's byte count from RAM into fresh memory (``Tensor.copy_``)."""
     n = int(spec["total_bytes"])
     src = torch.ones(n, dtype=torch.uint8)  # ones, not empty: its pages must exist
-    t0 = time.perf_counter()
+    clock = Clock()
     dst = torch.empty(n, dtype=torch.uint8)
     dst.copy_(src)
-    load_s = time.perf_counter() - t0
-    return Loaded(load_s, None, {"bytes": n}, keep=[src, dst])
+    span = clock.stop()
+    return Loaded(span, None, {"bytes": n}, keep=[src, dst])
 
 
 def method_safetensors(spec: dict[str, Any]) -> Loaded:
@@ -100,37 +119,37 @@ def method_safetensors(spec: dict[str, Any]) -> Loaded:
 
     device = spec.get("device", "cpu")
     _warm_device(device)
-    t0 = time.perf_counter()
+    clock = Clock()
     out: dict[str, torch.Tensor] = {}
     for path in spec["files"]:
         state = load_file(path, device=device)
         out.update(state if device != "cpu" else {k: v.clone() for k, v in state.items()})
     _sync(device)
-    return Loaded(time.perf_counter() - t0, out)
+    return Loaded(clock.stop(), out)
 
 
 def method_runai(spec: dict[str, Any]) -> Loaded:
     """Run:ai Model Streamer's ``SafetensorsStreamer`` over all shards (owned tensors)."""
     from runai_model_streamer import SafetensorsStreamer
 
-    t0 = time.perf_counter()
+    clock = Clock()
     out: dict[str, torch.Tensor] = {}
     with SafetensorsStreamer() as streamer:
         streamer.stream_files(spec["files"], device="cpu")
         for name, tensor in streamer.get_tensors():
             out[name] = tensor
-    return Loaded(time.perf_counter() - t0, out)
+    return Loaded(clock.stop(), out)
 
 
 def method_tensorizer(spec: dict[str, Any]) -> Loaded:
     """tensorizer's ``TensorDeserializer`` of the same weights, eager, to the CPU."""
     from tensorizer import TensorDeserializer
 
-    t0 = time.perf_counter()
+    clock = Clock()
     deser = TensorDeserializer(spec["tensorizer_file"], device="cpu", lazy_load=False)
     out = {str(k): v for k, v in deser.items()}
-    load_s = time.perf_counter() - t0
-    return Loaded(load_s, out, keep=[deser])
+    span = clock.stop()
+    return Loaded(span, out, keep=[deser])
 
 
 def _boto3_client(s3: dict[str, Any]) -> Any:
@@ -155,13 +174,13 @@ def method_boto3(spec: dict[str, Any]) -> Loaded:
     dest = Path(spec["scratch_dir"])
     dest.mkdir(parents=True, exist_ok=True)
     client = _boto3_client(s3)
-    t0 = time.perf_counter()
+    clock = Clock()
     out: dict[str, torch.Tensor] = {}
     for key in s3["keys"]:
         local = dest / key.rsplit("/", 1)[-1]
         client.download_file(s3["bucket"], key, str(local))
         out.update({k: v.clone() for k, v in load_file(str(local)).items()})
-    return Loaded(time.perf_counter() - t0, out)
+    return Loaded(clock.stop(), out)
 
 
 def _warm_device(device: str) -> None:
@@ -176,11 +195,11 @@ def method_h2d(spec: dict[str, Any]) -> Loaded:
     n = int(spec["total_bytes"])
     _warm_device("cuda")
     src = torch.ones(n, dtype=torch.uint8).pin_memory()
-    t0 = time.perf_counter()
+    clock = Clock()
     dst = torch.empty(n, dtype=torch.uint8, device="cuda")
     dst.copy_(src, non_blocking=True)
     torch.cuda.synchronize()
-    return Loaded(time.perf_counter() - t0, None, {"bytes": n}, keep=[src, dst])
+    return Loaded(clock.stop(), None, {"bytes": n}, keep=[src, dst])
 
 
 def method_fastsafetensors(spec: dict[str, Any]) -> Loaded:
@@ -188,13 +207,13 @@ def method_fastsafetensors(spec: dict[str, Any]) -> Loaded:
     from fastsafetensors import SafeTensorsFileLoader, SingleGroup
 
     _warm_device("cuda")
-    t0 = time.perf_counter()
+    clock = Clock()
     loader = SafeTensorsFileLoader(SingleGroup(), torch.device("cuda:0"), nogds=True)
     loader.add_filenames({0: spec["files"]})
     fb = loader.copy_files_to_device()
     out = {k: fb.get_tensor(k) for k in list(fb.key_to_rank_lidx.keys())}
     torch.cuda.synchronize()
-    return Loaded(time.perf_counter() - t0, out, keep=[fb, loader])
+    return Loaded(clock.stop(), out, keep=[fb, loader])
 
 
 def method_thaw(spec: dict[str, Any]) -> Loaded:
@@ -206,11 +225,11 @@ def method_thaw(spec: dict[str, Any]) -> Loaded:
     snap = open_snapshotter(spec)
     if device.startswith("cuda"):
         snap.prewarm(device)  # a pool replica allocates its staging buffers ahead
-    t0 = time.perf_counter()
+    clock = Clock()
     tensors = snap.load(spec.get("ref", BENCH_REF), device)
     _sync(device)
-    load_s = time.perf_counter() - t0
-    return Loaded(load_s, dict(tensors), {"thaw_report": report_dict(tensors.report)})
+    span = clock.stop()
+    return Loaded(span, dict(tensors), {"thaw_report": report_dict(tensors.report)})
 
 
 METHODS: dict[str, Callable[[dict[str, Any]], Loaded]] = {
@@ -241,7 +260,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     rss0 = _rss_anon_bytes()
     loaded = fn(spec)
     rss_delta = _rss_anon_bytes() - rss0
-    result: dict[str, Any] = {"load_s": loaded.load_s, "rss_anon_delta_bytes": rss_delta}
+    result: dict[str, Any] = {
+        "load_s": loaded.span.load_s,
+        "cpu_s": loaded.span.cpu_s,
+        "rss_anon_delta_bytes": rss_delta,
+    }
     result.update(loaded.extra)
     if loaded.tensors is not None:
         result["n_tensors"] = len(loaded.tensors)

@@ -6,7 +6,7 @@ Document shape (``--json``)::
      "model": {files, total_tensor_bytes, ...},
      "rows": [{"key": "thaw/warm", "label", "temperature", "device",
                "skipped": null | "why", "trials": [{load_s, process_s, ...}],
-               "median_s", "p95_s", "min_s", "max_s", "bytes", "gb_per_s",
+               "median_s", "p95_s", "min_s", "max_s", "bytes", "gb_per_s", "cpu_median_s",
                "checksum_ok", "page_cache", "thaw_report"}],
      "ratios": [{"name", "numerator", "denominator", "value", "target", "met"}]}
 
@@ -67,6 +67,7 @@ def summarize_row(row: Row, trials: list[dict[str, Any]]) -> dict[str, Any]:
         gb_per_s=gb_per_s(n_bytes, s.median_s),
         checksum_ok=all(checks) if checks else None,
         process_median_s=statistics.median(t["process_s"] for t in trials),
+        cpu_median_s=statistics.median(t.get("cpu_s", 0.0) for t in trials),
         page_cache=sorted({t["page_cache"] for t in trials if "page_cache" in t}),
         resident_fraction_max=max((t.get("resident_fraction", 0.0) for t in trials), default=0.0),
         thaw_report=_median_trial(trials).get("thaw_report"),
@@ -154,16 +155,17 @@ def _check(row: dict[str, Any]) -> str:
 
 def results_table(doc: dict[str, Any]) -> TableSpec:
     cols = [Column("row", "left"), Column("start", "left"), Column("median s"),
-            Column("p95 s"), Column("GB/s"), Column("GB"), Column("bytes ok", "left"),
-            Column("note", "left")]  # fmt: skip
+            Column("p95 s"), Column("GB/s"), Column("CPU s"), Column("GB"),
+            Column("bytes ok", "left"), Column("note", "left")]  # fmt: skip
     spec = TableSpec(title=f"loader bench, {doc['date']}", columns=cols)
     for r in doc["rows"]:
         if r["skipped"]:
-            spec.rows.append([r["label"], r["temperature"], "", "", "", "", "", r["skipped"]])
+            spec.rows.append([r["label"], r["temperature"], *[""] * 6, r["skipped"]])
             continue
         spec.rows.append([
             r["label"], r["temperature"], f"{r['median_s']:.3f}", f"{r['p95_s']:.3f}",
-            f"{r['gb_per_s']:.2f}", _gb(r["bytes"]), _check(r), "",
+            f"{r['gb_per_s']:.2f}", f"{r.get('cpu_median_s', 0.0):.2f}", _gb(r["bytes"]), _check(r),
+            "",
         ])  # fmt: skip
     return spec
 

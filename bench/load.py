@@ -196,6 +196,8 @@ def run_trials(
                 record = {**outcome.result, **cache_state, "process_s": outcome.process_s}
                 records[row.key].append(record)
                 progress.advance(task)
+                if not console.is_terminal:  # no live bar in a log: one line per trial
+                    console.log(f"{desc}: {record['load_s']:.3f} s")
     return records
 
 
