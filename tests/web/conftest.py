@@ -25,10 +25,6 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 MODEL_REF = "llama-tiny:v1"
 ADAPTER_REF = "llama-lora0:v1"
 
-pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="/usr/bin/chromium is missing; `make system-deps` installs it"
-)
-
 
 @pytest.fixture(scope="session")
 def platform(

@@ -10,10 +10,14 @@ from typing import Any
 
 import pytest
 
-from tests.web.conftest import ADAPTER_REF, MODEL_REF, Console, sign_in
+from tests.web.conftest import ADAPTER_REF, CHROMIUM, MODEL_REF, Console, sign_in
 from tests.web.platform import Platform
 
 BUNDLES = Path(__file__).parent / "bundles"
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="/usr/bin/chromium is missing; `make system-deps` installs it"
+)
 
 
 def chart_data(c: Console, canvas_id: str) -> dict[str, Any]:
@@ -33,13 +37,14 @@ def dataset_total(data: dict[str, Any], label: str) -> float:
     return sum(sum(d["data"]) for d in data["datasets"] if d["label"] == label)
 
 
-def deploy_via_api(platform: Platform, name: str) -> None:
-    """Deploy the streamer bundle as ``name`` through the REST API (setup for a test)."""
+def deploy_via_api(platform: Platform, name: str, again: bool = False) -> None:
+    """Deploy the streamer bundle as ``name`` through the REST API (setup for a test);
+    ``again`` deploys a new version even when the function exists."""
     folder = BUNDLES / "streamer"
     files = [("files", (p.name, p.read_bytes())) for p in sorted(folder.iterdir())]
     paths = [f"streamer/{p.name}" for p in sorted(folder.iterdir())]
     with platform.client() as c:
-        if c.get(f"/v1/functions/{name}").status_code == 200:
+        if c.get(f"/v1/functions/{name}").status_code == 200 and not again:
             return
         r = c.post(
             "/v1/uploads",
@@ -238,6 +243,22 @@ def test_upload_a_model_folder_and_see_sizes_and_workers(
     text = card.inner_text()
     assert "cpu" in text and "Pre-warmed pool" in text and "disk:" in text
     console.screenshot("workers")
+    console.assert_clean()
+
+
+def test_roll_back_in_one_click(console: Console, platform: Platform) -> None:
+    deploy_via_api(platform, "rolled")
+    deploy_via_api(platform, "rolled", again=True)
+    page: Any = console.page
+    sign_in(console, platform.admin_key)
+    open_function(console, platform, "rolled")
+    assert "v2" in page.get_by_role("heading", name="Function rolled").inner_text()
+    page.get_by_role("button", name="Roll back to version 1").click()
+    page.get_by_role("alert").get_by_text("Rolled back: version 1 is active").wait_for()
+    with platform.client() as c:
+        assert c.get("/v1/functions/rolled").json()["version"] == 1
+    page.get_by_role("button", name="Roll back to version 2").wait_for()
+    console.screenshot("rolled-back")
     console.assert_clean()
 
 

@@ -134,9 +134,13 @@ async function route() {
     notify,
     error,
     navigate: (hash, text = null) => {
-      pendingMessage = text;
-      if (location.hash === hash) route();
-      else location.hash = hash;
+      if (location.hash === hash) {
+        notify(text || "", "success"); // no hashchange event: render here
+        route();
+      } else {
+        pendingMessage = text;
+        location.hash = hash;
+      }
     },
     stale: () => mine !== generation,
   };

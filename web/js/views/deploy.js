@@ -24,7 +24,7 @@ export function parseAdapters(text) {
 
 function deployForm(models, ctx) {
   const el = {
-    name: h("input", { required: true, pattern: "[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", placeholder: "echo" }),
+    name: h("input", { required: true, pattern: "[a-z0-9]([a-z0-9\\-]{0,61}[a-z0-9])?", placeholder: "echo" }),
     entry: h("input", { required: true, placeholder: "app:Echo" }),
     bundle: h("input", { required: true, pattern: "blake3:[0-9a-f]{64}", placeholder: "blake3:…" }),
     model: h(

@@ -201,6 +201,7 @@ function chartCard(id, title, description) {
     { class: "card", "aria-labelledby": `${id}-title` },
     h("h3", { id: `${id}-title` }, title),
     h("p", { class: "muted" }, description),
+    h("p", { id: `${id}-note`, class: "muted", hidden: true }, "No cold start among the recent calls."),
     h("div", { class: "chart-box" }, h("canvas", { id, role: "img" })),
   );
 }
@@ -216,6 +217,8 @@ export async function render(root, [name], ctx) {
     replace(statsBox, statsList(s));
     drawHistogram(document.getElementById("latency-chart"), calls);
     drawWaterfall(document.getElementById("waterfall-chart"), calls);
+    const coldSeen = calls.some((c) => c.cold);
+    document.getElementById("waterfall-chart-note").hidden = coldSeen;
   };
   const refreshButton = h("button", { type: "button" }, "Refresh");
   refreshButton.addEventListener("click", () => refresh().catch(ctx.error));

@@ -24,7 +24,7 @@ function row(a) {
 }
 
 function uploadCard(ctx) {
-  const ref = h("input", { required: true, placeholder: "llama-tiny:v1", pattern: "[a-z0-9._/-]+:[A-Za-z0-9_][A-Za-z0-9_.-]*" });
+  const ref = h("input", { required: true, placeholder: "llama-tiny:v1", pattern: "[a-z0-9._\\/\\-]+:[A-Za-z0-9_][A-Za-z0-9_.\\-]*" });
   const kind = h("select", {}, ["auto", "model", "adapter"].map((k) => h("option", { value: k }, k)));
   const folder = h("input", { type: "file", webkitdirectory: true, multiple: true });
   const progress = h("progress", { id: "model-progress", max: 100, value: 0, "aria-label": "Upload progress" });
