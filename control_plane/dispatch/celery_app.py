@@ -38,10 +38,12 @@ def make_celery(
     """A Celery app for ``broker_url``; ``broker_folder`` is needed for ``filesystem://``."""
     app = Celery("thaw", broker=broker_url, set_as_current=False)
     options: dict[str, Any] = {}
+    transport: str | None = None
     if broker_url.startswith(FILESYSTEM_SCHEME):
         if broker_folder is None:
             raise ValueError("the filesystem:// broker needs a folder (Settings.broker_folder())")
         options = filesystem_transport_options(broker_folder, poll_interval_s)
+        transport = "control_plane.dispatch.fs_transport:Transport"  # atomic message files
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -52,6 +54,7 @@ def make_celery(
         task_ignore_result=True,
         result_backend=None,
         broker_transport_options=options,
+        broker_transport=transport,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         task_create_missing_queues=True,
