@@ -24,13 +24,13 @@ TMP_PREFIX = ".tmp-"  # ``.tmp-<uuid>``: its part after the first dot names no q
 
 
 class Channel(filesystem.Channel):
-    def _put(self, queue: Any, message: Any) -> Any:
+    def _put(self, queue: Any, payload: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
         folder = self.data_folder_out
         tmp = os.path.join(folder, f"{TMP_PREFIX}{uuid.uuid4().hex}")
         try:
             with open(tmp, "wb") as f:
-                f.write(str_to_bytes(dumps(message)))
+                f.write(str_to_bytes(dumps(payload)))
             os.rename(tmp, os.path.join(folder, name))
         except OSError as exc:
             raise ChannelError(f"cannot add message {name!r} to {folder!r}: {exc}") from exc
