@@ -178,14 +178,16 @@ def merge_layers(layers: Iterable[LayerToc]) -> dict[str, TocEntry]:
             if e.type == "opaque":
                 _remove_below(merged, e.path)
             elif e.type == "whiteout":
-                merged.pop(e.path, None)
-                _remove_below(merged, e.path)
+                hidden = merged.pop(e.path, None)
+                if hidden is not None and hidden.type == "dir":
+                    _remove_below(merged, e.path)
         for e in layer.entries:
             if e.type in ("opaque", "whiteout"):
                 continue
             _ensure_parents(merged, e.path)
-            if e.type != "dir":
-                _remove_below(merged, e.path)
+            below = merged.get(e.path)
+            if e.type != "dir" and below is not None and below.type == "dir":
+                _remove_below(merged, e.path)  # O(n), but only when a file replaces a dir
             merged[e.path] = e
     return merged
 

@@ -1,0 +1,145 @@
+"""The Docker runtime on the real engine: replicas in containers over lazy image mounts."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from worker.child_protocol import ContainerSpec, ReplicaSpec, StoreSpec
+from worker.runtimes.base import CallRequest, CallUpdate, ReplicaStartError
+from worker.runtimes.docker import DockerConfig, DockerReplica, DockerRuntime
+
+FUNCTIONS = Path(__file__).parent / "functions"
+pytestmark = pytest.mark.timeout(600)
+
+
+class Exits:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.event = threading.Event()
+
+    def __call__(self, replica_id: str, reason: str) -> None:
+        self.calls.append((replica_id, reason))
+        self.event.set()
+
+
+@pytest.fixture
+def runtime(store_spec: StoreSpec, tmp_path: Path) -> Iterator[DockerRuntime]:
+    rt = DockerRuntime(DockerConfig(store=store_spec, state_dir=tmp_path / "state"))
+    yield rt
+    rt.close()
+
+
+def spec(replica_id: str = "r1", image: str = "base:v1", **container: Any) -> ReplicaSpec:
+    return ReplicaSpec(
+        replica_id=replica_id,
+        function="info",
+        entry="imageapp:ImageInfo",
+        bundle_dir=str(FUNCTIONS),
+        container=ContainerSpec(image=image, **container),
+    )
+
+
+def call(replica: DockerReplica, input: Any, call_id: str = "c1") -> CallUpdate:
+    updates = list(replica.call(CallRequest(call_id=call_id, input=input, timeout_s=60)))
+    assert updates[-1].kind == "succeeded", updates[-1].error
+    return updates[-1]
+
+
+def test_replica_runs_over_the_lazy_image_without_network(runtime: DockerRuntime) -> None:
+    replica = runtime.start(spec(memory_bytes=512 << 20), Exits())
+    try:
+        for phase in ("image_fetch", "process_start", "imports", "device_init", "user_setup"):
+            assert phase in replica.phases_ms, phase
+        out = call(replica, {}).output
+        assert out["debian_version"].startswith("12.")
+        assert out["network"] is False
+        assert out["cgroup_memory"] == 512 << 20
+        assert out["root_writable"] is False
+        assert out["tmp_writable"] is True
+        stats = replica.process.mount.stats()
+        assert stats.files_read > 0
+        assert stats.store_gets > 0  # the container's reads came through the lazy mount
+        image_file = call(replica, {"read": "/usr/lib/os-release"}, "c2").output["bytes"]
+        assert bytes.fromhex(image_file).startswith(b'PRETTY_NAME="Debian GNU/Linux 12')
+    finally:
+        replica.stop()
+    assert not replica.alive
+
+
+def test_network_when_the_spec_allows_it(runtime: DockerRuntime) -> None:
+    replica = runtime.start(spec(network=True), Exits())
+    try:
+        assert call(replica, {}).output["network"] is True
+    finally:
+        replica.stop()
+
+
+def test_profile_saved_at_first_output_and_followed_next_start(runtime: DockerRuntime) -> None:
+    first = runtime.start(spec("r1"), Exits())
+    try:
+        call(first, {})
+        assert first.profile_saved()
+    finally:
+        first.stop()
+    from snapshotter.images import resolve_image
+
+    digest = resolve_image(runtime.registry, "base:v1")
+    profile = runtime.registry.get_profile(digest)
+    assert profile, "the first start recorded no profile"
+    assert "usr/lib/os-release" not in profile  # read after the first output only
+    second = runtime.start(spec("r2"), Exits())
+    try:
+        assert second.process.mount.wait_prefetch(timeout_s=60)
+        started = second.process.mount.stats().prefetch_started
+        assert started == [p for p in profile if p in started]
+        assert len(started) == len(profile)
+    finally:
+        second.stop()
+
+
+def test_call_past_its_deadline_kills_the_container(runtime: DockerRuntime) -> None:
+    replica = runtime.start(spec(), Exits())
+    request = CallRequest(call_id="slow", input={"sleep_s": 60}, timeout_s=2)
+    updates = list(replica.call(request))
+    assert updates[-1].kind == "timeout"
+    replica.stop()
+    assert not replica.alive
+    assert not replica.process.mount.mounted
+
+
+def test_container_dying_reports_on_exit(runtime: DockerRuntime) -> None:
+    exits = Exits()
+    replica = runtime.start(spec(), exits)
+    replica.process.container.kill()  # as the engine would on OOM
+    assert exits.event.wait(30)
+    assert exits.calls[0][0] == "r1"
+    assert not replica.alive
+    assert not replica.process.mount.mounted
+
+
+def test_prewarmed_container_joins_the_pool(store_spec: StoreSpec, tmp_path: Path) -> None:
+    rt = DockerRuntime(DockerConfig(store=store_spec, state_dir=tmp_path / "state", warm_size=1))
+    try:
+        container = ContainerSpec(image="base:v1")
+        rt.prewarm(container)
+        assert rt.warm_count() == 1
+        replica = rt.start(spec(), Exits())
+        try:
+            assert replica.phases_ms["process_start"] == 0.0
+            assert replica.phases_ms["image_fetch"] == 0.0
+            assert "pool_acquire" in replica.phases_ms
+            assert call(replica, {}).output["debian_version"].startswith("12.")
+        finally:
+            replica.stop()
+    finally:
+        rt.close()
+
+
+def test_unknown_image_fails_the_start(runtime: DockerRuntime) -> None:
+    with pytest.raises(ReplicaStartError, match="thaw images push"):
+        runtime.start(spec(image="nope:v1"), Exits())
