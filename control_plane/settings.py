@@ -10,6 +10,9 @@
 | s3_secret_access_key       | THAW_S3_SECRET_ACCESS_KEY    | (boto3 chain)        |
 | cache_dir                  | THAW_CACHE_DIR               | <home>/cache         |
 | cache_max_bytes            | THAW_CACHE_MAX_BYTES         | 64 GiB               |
+| ram_tier_dir               | THAW_RAM_TIER_DIR            | /dev/shm/thaw-<home hash> |
+| ram_tier_max_bytes         | THAW_RAM_TIER_MAX_BYTES      | 25% of RAM (0: off)  |
+| ram_tier_verify            | THAW_RAM_TIER_VERIFY         | true (hash on read)  |
 | chunk_size_bytes           | THAW_CHUNK_SIZE_BYTES        | 8 MiB                |
 | loader_max_inflight_bytes  | THAW_LOADER_MAX_INFLIGHT_BYTES | 256 MiB            |
 | loader_fetch_threads       | THAW_LOADER_FETCH_THREADS    | 16                   |
@@ -38,12 +41,18 @@ Settings are read once per process, at its entry point, and passed down.
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from snapshotter.config import CacheConfig, LoaderConfig, S3Config, StoreConfig
+from snapshotter.config import CacheConfig, LoaderConfig, RamTierConfig, S3Config, StoreConfig
+
+# Where the host-RAM tier lives by default: a tmpfs, shared by the worker's processes.
+_SHM_DIR = Path("/dev/shm")
+_RAM_TIER_DEFAULT_FRACTION = 0.25
 
 
 class Settings(BaseSettings):
@@ -57,6 +66,9 @@ class Settings(BaseSettings):
     s3_secret_access_key: str | None = None
     cache_dir: Path | None = None
     cache_max_bytes: int = 64 << 30
+    ram_tier_dir: Path | None = None
+    ram_tier_max_bytes: int | None = Field(default=None, ge=0)
+    ram_tier_verify: bool = True
     chunk_size_bytes: int = 8 << 20
     loader_max_inflight_bytes: int = 256 << 20
     loader_fetch_threads: int = 16
@@ -108,6 +120,19 @@ class Settings(BaseSettings):
         return CacheConfig(
             directory=self.cache_dir or self.home / "cache", max_bytes=self.cache_max_bytes
         )
+
+    def ram_tier_config(self) -> RamTierConfig:
+        """The host-RAM tier; every process with the same home shares the default one."""
+        directory = self.ram_tier_dir
+        if directory is None:
+            home_hash = hashlib.sha256(str(self.home.resolve()).encode()).hexdigest()[:12]
+            shm = _SHM_DIR if _SHM_DIR.is_dir() else None
+            directory = shm / f"thaw-{home_hash}" if shm else self.home / "ram-tier"
+        max_bytes = self.ram_tier_max_bytes
+        if max_bytes is None:
+            phys_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            max_bytes = int(phys_bytes * _RAM_TIER_DEFAULT_FRACTION)
+        return RamTierConfig(directory=directory, max_bytes=max_bytes, verify=self.ram_tier_verify)
 
     def loader_config(self) -> LoaderConfig:
         return LoaderConfig(

@@ -42,3 +42,17 @@ class LoaderConfig:
     max_inflight_bytes: int = 256 << 20
     fetch_threads: int = 16
     decode_threads: int = 4
+
+
+@dataclass(frozen=True)
+class RamTierConfig:
+    """The worker's host-RAM tier of recently used weights (``snapshotter.ram_tier``).
+
+    ``directory`` should be on a tmpfs (``/dev/shm/...``) so entries live in RAM
+    and every process on the worker shares them; ``max_bytes`` caps the bytes
+    held (0 disables the tier); ``verify`` re-hashes an entry on every read.
+    """
+
+    directory: Path
+    max_bytes: int = 8 << 30
+    verify: bool = True

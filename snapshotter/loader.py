@@ -12,6 +12,10 @@ raw cache hit is ``readinto`` the buffer); on CUDA it goes through pinned
 staging buffers and async copies (``snapshotter.loader_cuda``). Every chunk
 is verified against its digest before it is used (see ``snapshotter.source``).
 
+With a host-RAM tier (``snapshotter.ram_tier``), a manifest the tier holds is
+mapped from shared memory instead, reading no chunk; a fresh load is kept in
+the tier for the next start (``snapshotter.loader_ram``).
+
 On failure no tensor is returned: ``IntegrityError`` names the artifact and
 the chunk. The pipeline is ``snapshotter.pipeline``; the plan (which chunk
 goes where, in which order) is ``snapshotter.load_plan``.
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,12 +34,15 @@ from snapshotter.cache import DiskCache
 from snapshotter.config import LoaderConfig
 from snapshotter.errors import IntegrityError, StoreError
 from snapshotter.load_plan import ChunkWork, LoadPlan, plan_load, tensor_view
+from snapshotter.loader_ram import keep, place_held
 from snapshotter.manifest import Manifest
 from snapshotter.pipeline import StageTotals, Target, run_pipeline
+from snapshotter.ram_tier import RamTier
 from snapshotter.registry import Reference, Registry
 from snapshotter.source import ChunkSource
 
 if TYPE_CHECKING:
+    from control_plane.settings import Settings
     from snapshotter.loader_cuda import StagingPool
     from snapshotter.module_fill import ModuleLoadResult
 
@@ -65,6 +72,17 @@ class LoadReport:
     peak_inflight_bytes: int
     setup_s: float  # resolve, manifest, plan, buffer allocation
     wall_s: float  # whole call
+    ram_tier_bytes: int = 0  # tensor bytes mapped from the host-RAM tier (then chunks == 0)
+    ram_tier_insert_s: float = 0.0  # copying a fresh load into the RAM tier
+
+    @property
+    def tier_bytes(self) -> dict[str, int]:
+        """Bytes served by each tier: RAM and disk cache raw, store as stored."""
+        return {
+            "ram": self.ram_tier_bytes,
+            "cache": self.cache_hit_bytes,
+            "store": self.store_bytes,
+        }
 
     @property
     def gb_per_s(self) -> float:
@@ -104,7 +122,8 @@ class CpuPlacer:
 
 
 class Snapshotter:
-    """The load side for one process: a chunk source, its config, staging pools."""
+    """The load side for one process: a chunk source, its config, staging pools, and
+    optionally the worker's host-RAM tier."""
 
     def __init__(
         self,
@@ -113,16 +132,37 @@ class Snapshotter:
         config: LoaderConfig | None = None,
         *,
         source: ChunkSource | None = None,
+        ram_tier: RamTier | None = None,
     ) -> None:
         self.registry = registry
         self.config = config or LoaderConfig()
         self.source = source or ChunkSource(registry, cache)
+        self.ram_tier = ram_tier
         self._staging: dict[str, StagingPool] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> Snapshotter:
+        """Store, disk cache, loader config and RAM tier from ``settings`` (default:
+        ``Settings()``, i.e. the THAW_* environment); a RAM tier capped at 0 is off."""
+        from control_plane.settings import Settings
+        from snapshotter.stores import open_store
+
+        s = settings if settings is not None else Settings()
+        tier_config = s.ram_tier_config()
+        return cls(
+            Registry(open_store(s.store_config())),
+            DiskCache(s.cache_config()),
+            s.loader_config(),
+            ram_tier=RamTier(tier_config) if tier_config.max_bytes > 0 else None,
+        )
 
     def resolve(self, ref: str | Reference) -> tuple[str, Manifest]:
         """(manifest digest, manifest). A digest ref with a cached manifest needs no store
         request; NAME:TAG always reads the tag (tags move)."""
         digest = self.registry.resolve(ref)
+        data = self.ram_tier.get_manifest(digest) if self.ram_tier is not None else None
+        if data is not None:
+            return digest, Manifest.from_json(data)
         cache = self.source.cache
         data = cache.get_manifest(digest) if cache is not None else None
         if data is not None:
@@ -178,6 +218,9 @@ class Snapshotter:
         start = time.perf_counter()
         dev = _check_device(torch.device(device))
         digest, manifest = self.resolve(ref)
+        held = self._load_held(str(ref), digest, manifest, dev, start)
+        if held is not None:
+            return held
         plan = self._plan(digest, manifest, use_profile)
         buffers = [torch.empty(f.data_bytes, dtype=torch.uint8, device=dev) for f in plan.files]
         setup_s = time.perf_counter() - start
@@ -185,9 +228,30 @@ class Snapshotter:
             totals = self._run(plan, buffers, dev)
         except IntegrityError as exc:
             raise type(exc)(f"{ref}: {exc}") from exc
+        insert_s = 0.0
+        if self.ram_tier is not None:
+            buffers, insert_s = keep(self.ram_tier, digest, manifest.to_json(), plan, buffers)
         tensors = _views(plan, buffers)
         tensors.manifest_digest = digest
         tensors.report = _report(str(ref), digest, dev, plan, totals, setup_s, start)
+        tensors.report = replace(tensors.report, ram_tier_insert_s=insert_s)
+        return tensors
+
+    def _load_held(
+        self, ref: str, digest: str, manifest: Manifest, dev: torch.device, start: float
+    ) -> LoadedTensors | None:
+        """The load from the RAM tier, or None when the tier does not hold the manifest."""
+        if self.ram_tier is None:
+            return None
+        plan = plan_load(manifest)  # no profile: the order of a mapping does not matter
+        setup_s = time.perf_counter() - start
+        held = place_held(self.ram_tier, digest, plan, dev, lambda: self._staging_pool(dev))
+        if held is None:
+            return None
+        tensors = _views(plan, held.buffers)
+        tensors.manifest_digest = digest
+        report = _report(ref, digest, dev, plan, held.totals, setup_s, start)
+        tensors.report = replace(report, ram_tier_bytes=held.total_bytes)
         return tensors
 
     def load_into_module(

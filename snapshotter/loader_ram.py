@@ -1,0 +1,127 @@
+"""The loader's use of the host-RAM tier (``snapshotter.ram_tier``).
+
+::
+
+    load(ref, device)
+      manifest held in the tier?  -- yes -> place_held: map the tier's files (MAP_PRIVATE),
+                                            verify, CPU: the mappings ARE the buffers
+                                                    CUDA: mapping -> pinned slot -> device
+                                  -- no  -> the chunk pipeline (disk cache, store), then
+                                            keep: copy the verified buffers into the tier;
+                                            CPU: hand back the tier's mappings instead of
+                                            the private buffers, so replicas share pages
+
+A held load reads no chunk: no disk-cache read, no store request. Its
+report has ``chunks == 0`` and ``ram_tier_bytes`` equal to the tensor bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from snapshotter.load_plan import LoadPlan
+from snapshotter.pipeline import StageTotals
+from snapshotter.ram_tier import RamTier
+
+if TYPE_CHECKING:
+    from snapshotter.loader_cuda import StagingPool
+
+
+@dataclass(frozen=True)
+class HeldLoad:
+    """Buffers on the target device, from the tier; totals in the pipeline's terms."""
+
+    buffers: list[torch.Tensor]
+    totals: StageTotals
+    total_bytes: int
+    wall_s: float
+
+
+def place_held(
+    tier: RamTier,
+    digest: str,
+    plan: LoadPlan,
+    dev: torch.device,
+    staging: Callable[[], StagingPool],
+) -> HeldLoad | None:
+    """The plan's buffers from the tier on ``dev``, or None when it does not hold them.
+
+    Stage totals: fetch = mapping the files, verify = re-hashing them (0 bytes
+    when the tier does not verify), place = the copy to the device (CPU: none).
+    """
+    start = time.perf_counter()
+    hit = tier.get(digest, plan.files)
+    if hit is None:
+        return None
+    copy_s = 0.0
+    buffers = hit.buffers
+    if dev.type == "cuda":
+        buffers, copy_s = copy_to_device(hit.buffers, dev, staging())
+    nbytes = hit.total_bytes
+    totals = StageTotals(
+        fetch_s=hit.map_s,
+        fetch_bytes=nbytes,
+        decode_s=hit.verify_s,
+        decode_bytes=nbytes if tier.config.verify else 0,
+        place_s=copy_s,
+        place_bytes=nbytes if dev.type == "cuda" else 0,
+    )
+    wall_s = time.perf_counter() - start
+    tier.record_read(nbytes, wall_s)
+    return HeldLoad(buffers, totals, nbytes, wall_s)
+
+
+def keep(
+    tier: RamTier,
+    digest: str,
+    manifest_json: bytes,
+    plan: LoadPlan,
+    buffers: list[torch.Tensor],
+) -> tuple[list[torch.Tensor], float]:
+    """Put a verified load's buffers in the tier; returns (buffers to use, seconds).
+
+    On the CPU the returned buffers are the tier's private mappings when the
+    tier holds the entry (same bytes; the load's own buffers are then freed,
+    so this replica shares pages with the next ones); otherwise ``buffers``.
+    """
+    start = time.perf_counter()
+    held = tier.put(digest, manifest_json, plan.files, buffers)
+    if held and all(b.device.type == "cpu" for b in buffers):
+        mapped = tier.map(digest, plan.files)
+        if mapped is not None:
+            buffers = mapped
+    return buffers, time.perf_counter() - start
+
+
+def copy_to_device(
+    host: Sequence[torch.Tensor], dev: torch.device, pool: StagingPool
+) -> tuple[list[torch.Tensor], float]:
+    """Copy pageable host buffers to new device buffers through pinned slots.
+
+    A pageable source would make the driver stage through its own small
+    pinned buffer synchronously; the loader's slot ring lets the host memcpy
+    of one slot overlap the DMA of the previous ones. Returns (device
+    buffers, seconds); every copy has completed on return.
+    """
+    start = time.perf_counter()
+    out = [torch.empty(src.numel(), dtype=torch.uint8, device=dev) for src in host]
+    stream = torch.cuda.Stream(device=dev)
+    # The buffers were allocated on the current stream; the copies must follow that.
+    stream.wait_stream(torch.cuda.current_stream(dev))
+    for src, dst in zip(host, out, strict=True):
+        for begin in range(0, src.numel(), pool.slot_bytes):
+            nbytes = min(pool.slot_bytes, src.numel() - begin)
+            slot = pool.acquire(nbytes)
+            slot[:nbytes].copy_(src[begin : begin + nbytes])
+            with torch.cuda.stream(stream):
+                dst[begin : begin + nbytes].copy_(slot[:nbytes], non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(stream)
+            pool.release_after(slot, event)
+    stream.synchronize()
+    return out, time.perf_counter() - start

@@ -1,0 +1,344 @@
+"""The worker's host-RAM tier: the weights of recently used models, shared by its processes.
+
+A replica that starts again on the same worker maps its weights from here
+instead of reading the disk cache or the store. Layout under
+``RamTierConfig.directory`` (a tmpfs such as ``/dev/shm/thaw-<hash>``, so
+entries are RAM and every process on the machine sees them)::
+
+    .lock                        flock: serializes puts, drops and evictions
+    bandwidth.json               {"bytes_per_s": ...}: moving average of reads, all processes
+    entries/<hex>/meta.json      manifest digest, per-file (path, data_bytes, blake3 digest)
+    entries/<hex>/manifest.json  the manifest's canonical JSON (a re-warm reads no store)
+    entries/<hex>/<i>.data       the data region of the manifest's i-th file, byte for byte
+                                 the loader's buffer for it (files without tensors: 0 bytes)
+    entries/.tmp-*/              an entry being written
+    entries/.trash-*/            an entry being removed
+
+``<hex>`` is the manifest digest's hex. An entry is all of a manifest or none
+of it: the loader ``put``s every file buffer after a verified load, and a
+load ``get``s every buffer or misses.
+
+Contracts:
+
+- A reader never sees a partial entry: an entry is written into a ``.tmp-``
+  directory, then renamed into place; removal renames it to ``.trash-`` first.
+  Readers take no lock. Data files are read-only (0444) once written.
+- ``get`` maps each data file ``MAP_PRIVATE`` (``torch.from_file(shared=False)``):
+  the returned CPU tensors share the tmpfs pages with the tier and with every
+  other replica (no copy), and a write by the user's function copies the page
+  it touches (copy-on-write), so it can never corrupt the tier.
+- Eviction may remove an entry that a replica still maps or reads: on Linux an
+  unlinked file stays valid for its open mappings, whose pages are freed when
+  the last one goes. So readers are never protected by locks; the cap counts
+  linked entries only (a replica holding an evicted model keeps its pages).
+- Integrity: ``put`` records the blake3 digest of each data region as written;
+  with ``verify`` on, ``get`` re-hashes every mapped file (blake3 is
+  multithreaded, several GB/s) and a mismatch drops the entry and misses, so
+  the load falls through to the disk cache and re-inserts a good copy.
+- Space: data files are ``posix_fallocate``d before they are mapped, so a full
+  tmpfs is ``ENOSPC`` at insert (the insert is skipped, the load still
+  succeeds) rather than ``SIGBUS`` on a later store into the mapping.
+- LRU by bytes under ``max_bytes``: last use is ``meta.json``'s mtime, touched
+  by each hit in any process; victims are chosen by the pure
+  ``snapshotter.cache.choose_victims``. An artifact larger than the cap is not held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+
+from snapshotter.cache import CacheEntry, choose_victims
+from snapshotter.config import RamTierConfig
+from snapshotter.digest import digest_bytes, hex_part
+from snapshotter.manifest import Manifest
+from snapshotter.ram_tier_entry import (
+    TMP_PREFIX,
+    TRASH_PREFIX,
+    BadEntry,
+    FileShape,
+    TierFile,
+    check_digests,
+    map_all,
+    read_meta,
+    touch,
+    write_entry,
+    write_json_atomic,
+)
+
+log = logging.getLogger(__name__)
+
+# Weight of the newest read in the shared bandwidth average.
+_BANDWIDTH_NEW_WEIGHT = 0.3
+
+
+@dataclass(frozen=True)
+class RamTierHit:
+    """A ``get`` that found the manifest: one CPU uint8 buffer per file, in plan order.
+
+    The buffers are private (copy-on-write) mappings of the tier's files; they
+    belong to the caller and stay valid after the entry is evicted.
+    """
+
+    buffers: list[torch.Tensor]
+    total_bytes: int
+    map_s: float
+    verify_s: float
+
+
+@dataclass(frozen=True)
+class RamTierInventory:
+    """What the worker reports: manifest digest -> data bytes held, and the read rate."""
+
+    manifests: Mapping[str, int]
+    total_bytes: int
+    max_bytes: int
+    read_bytes_per_s: float | None  # None until some process has read from the tier
+
+
+@dataclass
+class RamTierCounters:
+    """This process's tier activity; read with ``RamTier.counters()``."""
+
+    hits: int = 0
+    misses: int = 0
+    corrupt: int = 0
+    inserts: int = 0
+    insert_errors: int = 0
+    too_large: int = 0
+    evictions: int = 0
+
+
+class RamTier:
+    """Shared-memory weights by manifest digest, LRU under a byte cap. Thread- and
+    process-safe (several replica processes on one worker share the directory)."""
+
+    def __init__(self, config: RamTierConfig) -> None:
+        self.config = config
+        self.root = Path(config.directory)
+        self.entries_dir = self.root / "entries"
+        self.entries_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_path = self.root / ".lock"
+        self._counters = RamTierCounters()
+        self._counter_lock = threading.Lock()
+
+    # --- queries -------------------------------------------------------------
+    def entry_dir(self, manifest_digest: str) -> Path:
+        return self.entries_dir / hex_part(manifest_digest)
+
+    def __contains__(self, manifest_digest: object) -> bool:
+        if not isinstance(manifest_digest, str):
+            return False
+        return (self.entry_dir(manifest_digest) / "meta.json").is_file()
+
+    def contains_bytes(self, manifest: Manifest) -> int:
+        """Tensor (data-region) bytes of ``manifest`` held here: all of them or 0."""
+        try:
+            meta = read_meta(self.entry_dir(manifest.digest))
+        except BadEntry:
+            return 0
+        return sum(f.data_bytes for f in meta) if meta is not None else 0
+
+    def inventory(self) -> RamTierInventory:
+        held = {d: e.size_bytes for d, e in self._scan().items()}
+        return RamTierInventory(
+            held, sum(held.values()), self.config.max_bytes, self.read_bytes_per_s()
+        )
+
+    def counters(self) -> RamTierCounters:
+        with self._counter_lock:
+            return RamTierCounters(
+                **{f.name: getattr(self._counters, f.name) for f in fields(self._counters)}
+            )
+
+    def get_manifest(self, manifest_digest: str) -> bytes | None:
+        """The held manifest's JSON, only if it still hashes to ``manifest_digest``."""
+        try:
+            data = (self.entry_dir(manifest_digest) / "manifest.json").read_bytes()
+        except FileNotFoundError:
+            return None
+        return data if digest_bytes(data) == manifest_digest else None
+
+    # --- reads ---------------------------------------------------------------
+    def get(self, manifest_digest: str, files: Sequence[FileShape]) -> RamTierHit | None:
+        """Map every file buffer of the manifest, or None (a miss: load it elsewhere).
+
+        ``files`` is the load plan's files, in order; an entry that does not
+        match them, or (with ``verify``) whose bytes do not hash to the digests
+        recorded at insert, is dropped and counted as ``corrupt``.
+        """
+        start = time.perf_counter()
+        entry = self.entry_dir(manifest_digest)
+        try:
+            found = _map_entry(entry, files)
+            if found is None:  # absent, or evicted while we looked
+                self._count(misses=1)
+                return None
+            meta, buffers = found
+            map_s = time.perf_counter() - start
+            if self.config.verify:
+                check_digests(meta, buffers)
+        except BadEntry as exc:
+            self._corrupt(manifest_digest, str(exc))
+            return None
+        touch(entry / "meta.json")
+        self._count(hits=1)
+        total = sum(f.data_bytes for f in meta)
+        return RamTierHit(buffers, total, map_s, time.perf_counter() - start - map_s)
+
+    def map(self, manifest_digest: str, files: Sequence[FileShape]) -> list[torch.Tensor] | None:
+        """Private mappings of an entry just ``put`` (not re-verified, not counted); None
+        when it is not there any more."""
+        try:
+            found = _map_entry(self.entry_dir(manifest_digest), files)
+        except BadEntry:
+            return None
+        return None if found is None else found[1]
+
+    def record_read(self, nbytes: int, seconds: float) -> None:
+        """Fold one load's read rate from the tier into the shared moving average."""
+        if nbytes <= 0 or seconds <= 0:
+            return
+        rate = nbytes / seconds
+        old = self.read_bytes_per_s()
+        new = rate if old is None else old + _BANDWIDTH_NEW_WEIGHT * (rate - old)
+        with contextlib.suppress(OSError):  # a lost sample only ages the average
+            write_json_atomic(self.root / "bandwidth.json", {"bytes_per_s": new})
+
+    def read_bytes_per_s(self) -> float | None:
+        """Measured bytes per second of loads served by the tier (any process)."""
+        try:
+            doc = json.loads((self.root / "bandwidth.json").read_bytes())
+            return float(doc["bytes_per_s"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    # --- writes --------------------------------------------------------------
+    def put(
+        self,
+        manifest_digest: str,
+        manifest_json: bytes,
+        files: Sequence[FileShape],
+        buffers: Sequence[torch.Tensor],
+    ) -> bool:
+        """Hold a verified load's buffers (CPU or CUDA); True when the entry is held after.
+
+        Evicts least recently used entries to make room. Never raises for a
+        full tmpfs or an artifact over the cap: the insert is skipped (and
+        counted); the caller's tensors are untouched either way.
+        """
+        total = sum(f.data_bytes for f in files)
+        if total > self.config.max_bytes:
+            self._count(too_large=1)
+            return False
+        entry = self.entry_dir(manifest_digest)
+        with self._locked():
+            if (entry / "meta.json").is_file():
+                touch(entry / "meta.json")
+                return True
+            self._clear_debris()
+            for victim in choose_victims(self._scan(prune=True), self.config.max_bytes, total):
+                self._remove(self.entry_dir(victim))
+                self._count(evictions=1)
+            try:
+                write_entry(entry, manifest_digest, manifest_json, files, buffers)
+            except OSError as exc:
+                self._count(insert_errors=1)
+                log.warning("weights %s not kept in the RAM tier: %s", manifest_digest, exc)
+                return False
+        self._count(inserts=1)
+        return True
+
+    def drop(self, manifest_digest: str) -> None:
+        """Remove an entry (e.g. a corrupt one); readers holding its mappings keep them."""
+        with self._locked():
+            self._remove(self.entry_dir(manifest_digest))
+
+    # --- internals -----------------------------------------------------------
+    def _corrupt(self, manifest_digest: str, why: str) -> None:
+        log.warning(
+            "RAM tier entry %s is corrupt (%s); dropped, loading from the disk cache",
+            manifest_digest,
+            why,
+        )
+        self.drop(manifest_digest)
+        self._count(corrupt=1, misses=1)
+
+    def _count(self, **deltas: int) -> None:
+        with self._counter_lock:
+            for name, delta in deltas.items():
+                setattr(self._counters, name, getattr(self._counters, name) + delta)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        # A fresh open file description per call, so threads exclude each other too.
+        with open(self._lock_path, "a+b") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    def _scan(self, prune: bool = False) -> dict[str, CacheEntry]:
+        """Held entries: manifest digest -> (data bytes, last use), from the directory.
+
+        ``prune`` (only under the lock) removes entries whose meta.json is bad.
+        """
+        out: dict[str, CacheEntry] = {}
+        for entry in self.entries_dir.iterdir():
+            if entry.name.startswith((TMP_PREFIX, TRASH_PREFIX)):
+                continue
+            try:
+                meta = read_meta(entry)
+                mtime_ns = (entry / "meta.json").stat().st_mtime_ns
+            except BadEntry:
+                if prune:
+                    self._remove(entry)
+                continue
+            except FileNotFoundError:
+                continue
+            if meta is not None:
+                out["blake3:" + entry.name] = CacheEntry(sum(f.data_bytes for f in meta), mtime_ns)
+        return out
+
+    def _clear_debris(self) -> None:
+        # Under the lock no write is in progress, so any temp or trash dir is a
+        # crashed process's leftover.
+        for entry in self.entries_dir.iterdir():
+            if entry.name.startswith((TMP_PREFIX, TRASH_PREFIX)):
+                shutil.rmtree(entry, ignore_errors=True)
+
+    def _remove(self, entry: Path) -> None:
+        trash = self.entries_dir / f"{TRASH_PREFIX}{uuid.uuid4().hex}"
+        try:
+            entry.rename(trash)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def _map_entry(
+    entry: Path, files: Sequence[FileShape]
+) -> tuple[list[TierFile], list[torch.Tensor]] | None:
+    """(meta, private mappings) of an entry matching ``files``; None when it is absent.
+
+    Raises ``BadEntry`` when the entry is unreadable or does not match ``files``.
+    """
+    meta = read_meta(entry)
+    if meta is None:
+        return None
+    if [(f.path, f.data_bytes) for f in meta] != [(f.path, f.data_bytes) for f in files]:
+        raise BadEntry("its files differ from the manifest's")
+    buffers = map_all(entry, meta)
+    return None if buffers is None else (meta, buffers)

@@ -1,0 +1,163 @@
+"""One entry of the RAM tier on its tmpfs: written whole, then renamed into place.
+
+See ``snapshotter.ram_tier`` for the layout and the contracts; this module
+is the entry's file format (``meta.json`` + one ``<i>.data`` per file) and
+the I/O on it, with no policy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from snapshotter.digest import digest_bytes
+
+FORMAT = 1
+TMP_PREFIX = ".tmp-"
+TRASH_PREFIX = ".trash-"
+
+
+@dataclass(frozen=True)
+class TierFile:
+    """One data region held: the loader's buffer for ``path``."""
+
+    path: str
+    data_bytes: int
+    digest: str  # blake3 of the data region as written into the tier
+
+
+class FileShape(Protocol):
+    """What ``get``/``put`` need of a file plan (``snapshotter.load_plan.FilePlan``)."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def data_bytes(self) -> int: ...
+
+
+class BadEntry(Exception):
+    """An entry's meta.json or a data file's size is wrong: the entry is corrupt."""
+
+
+def read_meta(entry: Path) -> list[TierFile] | None:
+    """The entry's files; None when there is no such entry; ``BadEntry`` when unreadable."""
+    try:
+        doc = json.loads((entry / "meta.json").read_bytes())
+        if doc["format"] != FORMAT:
+            raise ValueError(f"format {doc['format']}, expected {FORMAT}")
+        return [TierFile(f["path"], int(f["data_bytes"]), f["digest"]) for f in doc["files"]]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BadEntry(f"bad meta.json: {exc!r}") from None
+
+
+def map_all(entry: Path, meta: Sequence[TierFile]) -> list[torch.Tensor] | None:
+    """Private mappings of every data file; None if one has vanished (evicted meanwhile).
+
+    Raises ``BadEntry`` when a data file's size differs from its meta.json's.
+    """
+    buffers: list[torch.Tensor] = []
+    for i, f in enumerate(meta):
+        path = entry / f"{i}.data"
+        if f.data_bytes == 0:
+            buffers.append(torch.empty(0, dtype=torch.uint8))
+            continue
+        try:
+            size_bytes = path.stat().st_size
+            if size_bytes != f.data_bytes:
+                raise BadEntry(f"{f.path} holds {size_bytes} bytes, expected {f.data_bytes}")
+            # MAP_PRIVATE: zero-copy reads, copy-on-write for the function's writes.
+            buffers.append(
+                torch.from_file(str(path), shared=False, size=f.data_bytes, dtype=torch.uint8)
+            )
+        except (FileNotFoundError, RuntimeError):
+            return None
+    return buffers
+
+
+def check_digests(meta: Sequence[TierFile], buffers: Sequence[torch.Tensor]) -> None:
+    """Raise ``BadEntry`` naming the first file whose bytes do not hash to its digest."""
+    for f, buf in zip(meta, buffers, strict=True):
+        if digest_bytes(bytes_view(buf)) != f.digest:
+            raise BadEntry(f"{f.path} does not match its digest")
+
+
+def bytes_view(buf: torch.Tensor) -> memoryview:
+    return buf.numpy().data.cast("B") if buf.numel() else memoryview(b"")
+
+
+def write_entry(
+    entry: Path,
+    manifest_digest: str,
+    manifest_json: bytes,
+    files: Sequence[FileShape],
+    buffers: Sequence[torch.Tensor],
+) -> None:
+    tmp = entry.parent / f"{TMP_PREFIX}{uuid.uuid4().hex}"
+    tmp.mkdir()
+    try:
+        held = [
+            TierFile(f.path, f.data_bytes, write_data(tmp / f"{i}.data", buf))
+            for i, (f, buf) in enumerate(zip(files, buffers, strict=True))
+        ]
+        (tmp / "manifest.json").write_bytes(manifest_json)
+        doc = {
+            "format": FORMAT,
+            "manifest_digest": manifest_digest,
+            "files": [
+                {"path": f.path, "data_bytes": f.data_bytes, "digest": f.digest} for f in held
+            ],
+        }
+        (tmp / "meta.json").write_text(json.dumps(doc, sort_keys=True))
+        tmp.rename(entry)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_data(path: Path, buf: torch.Tensor) -> str:
+    """Copy ``buf`` (any device) into a new tier file; returns the digest of what it holds."""
+    nbytes = buf.numel()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        if nbytes:
+            # Reserve the tmpfs pages now: a full tmpfs is ENOSPC here instead
+            # of SIGBUS when the copy below stores into an unbacked page.
+            os.posix_fallocate(fd, 0, nbytes)
+    finally:
+        os.close(fd)
+    digest = digest_bytes(b"")
+    if nbytes:
+        dest = torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
+        dest.copy_(buf)  # CPU: memcpy; CUDA: device -> host
+        digest = digest_bytes(bytes_view(dest))
+        del dest
+    os.chmod(path, 0o444)
+    return digest
+
+
+def touch(path: Path) -> None:
+    now_ns = time.time_ns()
+    with contextlib.suppress(FileNotFoundError):
+        os.utime(path, ns=(now_ns, now_ns))
+
+
+def write_json_atomic(path: Path, doc: dict[str, float]) -> None:
+    tmp = path.with_name(f"{TMP_PREFIX}{uuid.uuid4().hex}")
+    try:
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
