@@ -141,7 +141,7 @@ def stages_table(doc: dict[str, Any]) -> TableSpec:
         if r["skipped"] or not rep:
             continue
         spec.rows.append([
-            f"{r['label']} [{r['temperature']}]", f"{rep['wall_s']:.3f}",
+            f"{r['label']} ({r['temperature']})", f"{rep['wall_s']:.3f}",
             f"{rep['setup_s'] * 1e3:.0f}", _stage(rep["fetch"]), _stage(rep["verify_decompress"]),
             _stage(rep["place"]), _gb(rep["cache_hit_bytes"]), _gb(rep["store_bytes"]),
             str(rep["chunks"]),

@@ -188,7 +188,7 @@ def run_trials(
         task = progress.add_task("trials", total=len(rows) * opts.trials)
         for trial in range(opts.trials):
             for row in round_robin_order(rows, trial):
-                desc = f"trial {trial + 1}/{opts.trials}  {row.label} [{row.temperature}]"
+                desc = f"trial {trial + 1}/{opts.trials}  {row.label} ({row.temperature})"
                 progress.update(task, description=desc)
                 cache_state = prepare_cache(row, env, opts.drop)
                 with trial_spec(row, env, trial) as spec:
