@@ -139,3 +139,15 @@ class CallOutput(Base):
     attempt: Mapped[int] = mapped_column(Integer)
     seq: Mapped[int] = mapped_column(Integer)
     output_json: Mapped[str] = mapped_column(Text)
+
+
+class Lock(Base):
+    """Named rows that passes lock by updating them (``services.reconciler``).
+
+    An UPDATE takes a row lock on PostgreSQL and the write lock on SQLite, so
+    the same statement makes passes of several processes take turns on both.
+    """
+
+    __tablename__ = "locks"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)

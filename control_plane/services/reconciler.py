@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from control_plane.db.models import Call, Replica
+from control_plane.db.models import Call, Lock, Replica
 from control_plane.errors import NoCapacityError, NotFoundError
 from control_plane.metrics import Metrics
 from control_plane.protocol import RunCall, StartReplica, StopReplica
@@ -40,6 +40,7 @@ from control_plane.services.scheduler import ReplicaRequest, place
 from control_plane.services.states import IN_FLIGHT_CALL_STATES, NON_FINAL_CALL_STATES
 
 log = logging.getLogger(__name__)
+RECONCILE_LOCK = "reconcile"
 
 
 @dataclass
@@ -61,6 +62,7 @@ class Reconciler:
         with self.s.reconcile_lock:
             box = Outbox()
             with self.s.db.session() as session:
+                _serialize_across_processes(session)
                 try:
                     fn = functions.active(session, function)
                 except NotFoundError:
@@ -74,6 +76,7 @@ class Reconciler:
             box = Outbox()
             now = self.s.clock()
             with self.s.db.session() as session:
+                _serialize_across_processes(session)
                 lost = workers.mark_lost(session, self.s.metrics, now, self.s.worker_lost_after_s)
                 box.touched_calls += lost.touched_call_ids
                 box.touched_calls += self._expire(session, now)
@@ -234,6 +237,16 @@ class Reconciler:
                 .where(Call.id == call_id, Call.status == "dispatched")
                 .values(status="queued", replica_id=None)
             )
+
+
+def _serialize_across_processes(session: Session) -> None:
+    """Take the ``reconcile`` row lock for this pass (held until commit).
+
+    Several control-plane processes may reconcile at once; the lock makes
+    their read-decide-write passes take turns, so two do not both start a
+    replica for the same queued call. It must be the pass's first statement.
+    """
+    session.execute(update(Lock).where(Lock.name == RECONCILE_LOCK).values(name=Lock.name))
 
 
 def refresh_gauges(session: Session, m: Metrics) -> None:

@@ -149,14 +149,18 @@ def cp_factory(
     """Start a served control plane with settings overrides; everything stops at teardown."""
     stack: list[Any] = []
 
-    def start(**overrides: Any) -> ControlPlane:
+    def start(dispatcher: InMemoryDispatcher | None = None, **overrides: Any) -> ControlPlane:
         settings = make_settings(tmp_path, db_url, cp_store.root, **overrides)
-        dispatcher = InMemoryDispatcher()
+        dispatcher = dispatcher or InMemoryDispatcher()
         app = create_app(settings, dispatcher=dispatcher)
         ctx = serve(app)
         base_url = ctx.__enter__()
         stack.append(ctx)
-        cp = ControlPlane(base_url, app.state.bootstrap_admin_key, dispatcher, settings, cp_store)
+        # A second app on the same database finds the key already made: reuse the first's.
+        token = app.state.bootstrap_admin_key or next(
+            c.admin_token for c in stack if isinstance(c, ControlPlane)
+        )
+        cp = ControlPlane(base_url, token, dispatcher, settings, cp_store)
         stack.append(cp)
         return cp
 
