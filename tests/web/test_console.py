@@ -221,6 +221,8 @@ def test_upload_a_model_folder_and_see_sizes_and_workers(
     console: Console, platform: Platform, adapter_dirs: list[Path]
 ) -> None:
     deploy_via_api(platform, "listed")
+    with platform.client() as c:  # a replica that has loaded the model
+        assert c.post("/v1/functions/listed/invoke", json={"input": {}}).status_code == 200
     page: Any = console.page
     sign_in(console, platform.admin_key)
     page.get_by_role("link", name="Models & adapters").click()
@@ -242,6 +244,10 @@ def test_upload_a_model_folder_and_see_sizes_and_workers(
     card.get_by_text("browser-test-worker").wait_for()
     text = card.inner_text()
     assert "cpu" in text and "Pre-warmed pool" in text and "disk:" in text
+    assert "listed v1 ready" in text
+    # The disk tier says what it holds (by name) or that it holds nothing whole yet;
+    # what exactly depends on the worker's last inventory, so only the shape is checked.
+    assert "holds no complete artifact" in text or MODEL_REF in text
     console.screenshot("workers")
     console.assert_clean()
 
