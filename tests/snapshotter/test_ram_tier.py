@@ -1,0 +1,338 @@
+"""The host-RAM tier: a second start maps its weights from shared memory, no disk, no store."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from control_plane.settings import Settings
+from snapshotter import DiskCache, Snapshotter
+from snapshotter.config import CacheConfig, RamTierConfig, StoreConfig
+from snapshotter.digest import hex_part
+from snapshotter.load_plan import FilePlan
+from snapshotter.ram_tier import RamTier
+from snapshotter.registry import Registry
+from snapshotter.stores.local import LocalStore
+from tests.snapshotter.loadkit import (
+    assert_same_tensors,
+    counting_registry,
+    expected_tensors,
+    push,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_SHM = Path("/dev/shm")
+
+
+@pytest.fixture
+def tier_config() -> Iterator[RamTierConfig]:
+    """A fresh tier directory on the real tmpfs when there is one."""
+    parent = _SHM if _SHM.is_dir() else None
+    directory = Path(tempfile.mkdtemp(prefix="thaw-test-ram-", dir=parent))
+    yield RamTierConfig(directory=directory, max_bytes=256 << 20)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _cache(path: Path) -> DiskCache:
+    return DiskCache(CacheConfig(directory=path))
+
+
+def _tier_maps(tier: RamTier) -> list[str]:
+    """Lines of this process's memory map that are files of the tier."""
+    with open("/proc/self/maps") as f:
+        return [line for line in f if str(tier.root) in line]
+
+
+def test_second_start_is_served_by_the_ram_tier_with_no_disk_or_store_read(
+    store_config: StoreConfig, tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig
+) -> None:
+    registry, store = counting_registry(store_config)
+    digest = push(registry, llama_dir, "llama:v1")
+    first = Snapshotter(registry, _cache(tmp_path / "c1"), ram_tier=RamTier(tier_config)).load(
+        "llama:v1"
+    )
+    assert first.report.ram_tier_bytes == 0 and first.report.store_bytes > 0
+    assert first.report.ram_tier_insert_s > 0
+    # The first replica already uses the tier's pages instead of its own copy.
+    tier = RamTier(tier_config)
+    assert any(hex_part(digest) in line for line in _tier_maps(tier))
+
+    # A new replica: the disk cache it would read is gone, and a fresh one is empty.
+    shutil.rmtree(tmp_path / "c1")
+    store.reset()
+    snap = Snapshotter(registry, _cache(tmp_path / "c2"), ram_tier=tier)
+    second = snap.load(digest)
+
+    assert store.gets == []  # no chunk, no manifest, no profile
+    report = second.report
+    assert report.chunks == 0 and report.cache_hits == 0 and report.store_gets == 0
+    assert report.ram_tier_bytes == report.tensor_bytes > 0
+    assert report.tier_bytes == {"ram": report.tensor_bytes, "cache": 0, "store": 0}
+    counters = snap.source.counters()
+    assert counters.cache_hits == counters.cache_misses == counters.store_gets == 0
+    assert tier.counters().hits == 1
+    assert_same_tensors(second, expected_tensors(llama_dir))
+
+
+def test_writes_by_the_function_do_not_reach_the_tier(
+    tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig
+) -> None:
+    registry = Registry(LocalStore(tmp_path / "store"))
+    digest = push(registry, llama_dir, "llama:v1")
+    tier = RamTier(tier_config)
+    snap = Snapshotter(registry, _cache(tmp_path / "cache"), ram_tier=tier)
+    for tensors in (snap.load(digest), snap.load(digest)):  # fresh load, then a tier hit
+        for t in tensors.values():
+            t.add_(1)  # copy-on-write pages, private to this replica
+
+    third = snap.load(digest)
+    assert third.report.ram_tier_bytes == third.report.tensor_bytes
+    assert tier.counters().corrupt == 0
+    assert_same_tensors(third, expected_tensors(llama_dir))
+
+
+_CHILD = """
+import json, sys, torch
+from pathlib import Path
+from snapshotter import DiskCache, Snapshotter
+from snapshotter.config import CacheConfig, RamTierConfig
+from snapshotter.ram_tier import RamTier
+from snapshotter.registry import Registry
+from snapshotter.stores.local import LocalStore
+from tests.snapshotter.loadkit import CountingStore
+
+args = json.loads(sys.argv[1])
+store = CountingStore(LocalStore(Path(args["store"])))
+tier = RamTier(RamTierConfig(directory=Path(args["tier"]), max_bytes=args["max_bytes"]))
+snap = Snapshotter(Registry(store), DiskCache(CacheConfig(Path(args["cache"]))), ram_tier=tier)
+tensors = snap.load(args["digest"])
+torch.save(dict(tensors), args["out"])
+print(json.dumps({"store_gets": len(store.gets), "ram_tier_bytes": tensors.report.ram_tier_bytes,
+                  "tensor_bytes": tensors.report.tensor_bytes, "chunks": tensors.report.chunks}))
+"""
+
+
+def test_a_second_process_maps_the_same_shared_memory(
+    tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig
+) -> None:
+    registry = Registry(LocalStore(tmp_path / "store"))
+    digest = push(registry, llama_dir, "llama:v1")
+    Snapshotter(registry, _cache(tmp_path / "cache"), ram_tier=RamTier(tier_config)).load(digest)
+
+    args = {
+        "store": str(tmp_path / "store"),
+        "tier": str(tier_config.directory),
+        "max_bytes": tier_config.max_bytes,
+        "cache": str(tmp_path / "child-cache"),  # empty: a chunk read would hit the store
+        "digest": digest,
+        "out": str(tmp_path / "child.pt"),
+    }
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(args)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    child = json.loads(done.stdout.strip().splitlines()[-1])
+    assert child["store_gets"] == 0 and child["chunks"] == 0
+    assert child["ram_tier_bytes"] == child["tensor_bytes"] > 0
+    assert_same_tensors(torch.load(tmp_path / "child.pt"), expected_tensors(llama_dir))
+
+
+# --- eviction: the tier alone, small synthetic entries ----------------------------
+
+
+def _put(tier: RamTier, name: str, nbytes: int) -> bool:
+    digest = "blake3:" + name * 64
+    files = [FilePlan("model.safetensors", nbytes, ())]
+    return tier.put(digest, b"{}", files, [torch.full((nbytes,), 7, dtype=torch.uint8)])
+
+
+def test_least_recently_used_entry_is_evicted_under_the_cap(tmp_path: Path) -> None:
+    tier = RamTier(RamTierConfig(directory=tmp_path / "tier", max_bytes=250))
+    assert _put(tier, "a", 100) and _put(tier, "b", 100)
+    held_a = tier.get("blake3:" + "a" * 64, [FilePlan("model.safetensors", 100, ())])
+    assert held_a is not None  # a is now more recent than b
+
+    assert _put(tier, "c", 100)
+    assert set(tier.inventory().manifests) == {"blake3:" + "a" * 64, "blake3:" + "c" * 64}
+    assert tier.counters().evictions == 1
+
+    assert _put(tier, "d", 100)  # a is evicted while its mapping is in use ...
+    assert "blake3:" + "a" * 64 not in tier
+    assert torch.equal(
+        held_a.buffers[0], torch.full((100,), 7, dtype=torch.uint8)
+    )  # ... and stays valid
+
+    assert not _put(tier, "e", 251)  # larger than the cap: not held, nothing evicted
+    assert tier.counters().too_large == 1
+    assert tier.inventory().total_bytes == 200
+
+
+def test_inventory_contains_bytes_and_measured_bandwidth(
+    tmp_path: Path, llama_dir: Path, adapter_dirs: list[Path], tier_config: RamTierConfig
+) -> None:
+    registry = Registry(LocalStore(tmp_path / "store"))
+    llama = push(registry, llama_dir, "llama:v1")
+    adapter = push(registry, adapter_dirs[0], "ad0:v1")
+    tier = RamTier(tier_config)
+    snap = Snapshotter(registry, _cache(tmp_path / "cache"), ram_tier=tier)
+    assert tier.inventory().read_bytes_per_s is None
+    sizes = {d: snap.load(d).report.tensor_bytes for d in (llama, adapter)}
+
+    inventory = tier.inventory()
+    assert dict(inventory.manifests) == sizes
+    assert inventory.total_bytes == sum(sizes.values())
+    assert inventory.max_bytes == tier_config.max_bytes
+    assert tier.contains_bytes(registry.get_manifest(llama)) == sizes[llama]
+    push(registry, adapter_dirs[1], "ad1:v1")
+    assert tier.contains_bytes(registry.get_manifest(registry.resolve("ad1:v1"))) == 0
+
+    snap.load(llama)
+    rate = tier.inventory().read_bytes_per_s
+    assert rate is not None and rate > 0
+
+
+# --- integrity ------------------------------------------------------------------
+
+
+def _flip_byte(path: Path) -> None:
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:
+        first = f.read(1)
+        f.seek(0)
+        f.write(bytes([first[0] ^ 0xFF]))
+
+
+def _truncate(path: Path) -> None:
+    os.chmod(path, 0o644)
+    os.truncate(path, path.stat().st_size - 1)
+
+
+def _bad_meta(path: Path) -> None:
+    (path.parent / "meta.json").write_text("{not json")
+
+
+@pytest.mark.parametrize("damage", [_flip_byte, _truncate, _bad_meta])
+def test_a_corrupt_entry_is_dropped_the_load_falls_back_and_heals(
+    tmp_path: Path,
+    llama_dir: Path,
+    tier_config: RamTierConfig,
+    damage: Callable[[Path], None],
+) -> None:
+    registry, store = counting_registry(StoreConfig(url=str(tmp_path / "store")))
+    digest = push(registry, llama_dir, "llama:v1")
+    tier = RamTier(tier_config)
+    snap = Snapshotter(registry, _cache(tmp_path / "cache"), ram_tier=tier)
+    snap.load(digest)
+    damage(max(tier.entry_dir(digest).glob("*.data"), key=lambda f: f.stat().st_size))
+
+    store.reset()
+    fallback = snap.load(digest)
+    assert tier.counters().corrupt == 1
+    assert fallback.report.ram_tier_bytes == 0
+    assert fallback.report.cache_hits == fallback.report.chunks > 0  # the disk cache served it
+    assert store.chunk_gets() == []
+    assert_same_tensors(fallback, expected_tensors(llama_dir))
+
+    healed = snap.load(digest)
+    assert healed.report.ram_tier_bytes == healed.report.tensor_bytes
+    assert_same_tensors(healed, expected_tensors(llama_dir))
+
+
+def test_without_verify_a_hit_hashes_nothing(
+    tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig
+) -> None:
+    registry = Registry(LocalStore(tmp_path / "store"))
+    digest = push(registry, llama_dir, "llama:v1")
+    config = RamTierConfig(tier_config.directory, tier_config.max_bytes, verify=False)
+    snap = Snapshotter(registry, _cache(tmp_path / "cache"), ram_tier=RamTier(config))
+    snap.load(digest)
+    held = snap.load(digest)
+    assert held.report.ram_tier_bytes == held.report.tensor_bytes
+    assert held.report.verify_decompress.bytes == 0
+
+
+def test_concurrent_first_loads_keep_one_entry(
+    tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig
+) -> None:
+    registry = Registry(LocalStore(tmp_path / "store"))
+    digest = push(registry, llama_dir, "llama:v1")
+    tier = RamTier(tier_config)
+    errors: list[BaseException] = []
+
+    def load(i: int) -> None:
+        try:
+            Snapshotter(registry, _cache(tmp_path / f"cache{i}"), ram_tier=tier).load(digest)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert list(tier.inventory().manifests) == [digest]
+    assert tier.counters().inserts == 1
+    assert [p.name for p in tier.entries_dir.iterdir()] == [hex_part(digest)]  # no debris
+
+
+# --- settings -------------------------------------------------------------------
+
+
+def test_from_settings_wires_the_ram_tier(tmp_path: Path, tier_config: RamTierConfig) -> None:
+    settings = Settings(
+        home=tmp_path,
+        ram_tier_dir=tier_config.directory,
+        ram_tier_max_bytes=1 << 20,
+        ram_tier_verify=False,
+    )
+    snap = Snapshotter.from_settings(settings)
+    assert snap.ram_tier is not None
+    assert snap.ram_tier.config == RamTierConfig(tier_config.directory, 1 << 20, verify=False)
+    assert snap.source.cache is not None
+    assert Snapshotter.from_settings(Settings(home=tmp_path, ram_tier_max_bytes=0)).ram_tier is None
+
+
+def test_default_ram_tier_is_shared_memory_named_by_home(tmp_path: Path) -> None:
+    a = Settings(home=tmp_path / "a").ram_tier_config()
+    b = Settings(home=tmp_path / "b").ram_tier_config()
+    assert a.directory != b.directory
+    assert a.directory == Settings(home=tmp_path / "a").ram_tier_config().directory
+    if _SHM.is_dir():
+        assert a.directory.parent == _SHM and a.directory.name.startswith("thaw-")
+    physical_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert a.max_bytes == physical_bytes // 4
+    assert a.verify
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_second_start_from_the_ram_tier(
+    tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig
+) -> None:
+    registry, store = counting_registry(StoreConfig(url=str(tmp_path / "store")))
+    digest = push(registry, llama_dir, "llama:v1")
+    Snapshotter(registry, _cache(tmp_path / "c1"), ram_tier=RamTier(tier_config)).load(
+        digest, "cuda"
+    )
+    store.reset()
+    snap = Snapshotter(registry, _cache(tmp_path / "c2"), ram_tier=RamTier(tier_config))
+    second = snap.load(digest, "cuda")
+    assert store.gets == []
+    assert second.report.ram_tier_bytes == second.report.place.bytes == second.report.tensor_bytes
+    assert all(t.device.type == "cuda" for t in second.values())
+    assert_same_tensors(second, expected_tensors(llama_dir))
