@@ -21,12 +21,14 @@ def filesystem_transport_options(folder: Path, poll_interval_s: float) -> dict[s
     """Folders for kombu's filesystem transport, created here."""
     out = folder / "out"
     processed = folder / "processed"
-    for d in (out, processed):
+    control = folder / "control"  # kombu's default is ./control, relative to the cwd
+    for d in (out, processed, control):
         d.mkdir(parents=True, exist_ok=True)
     return {
         "data_folder_in": str(out),
         "data_folder_out": str(out),
         "processed_folder": str(processed),
+        "control_folder": str(control),
         "store_processed": False,
         "polling_interval": poll_interval_s,
     }
