@@ -6,6 +6,10 @@ Load side (imported lazily, so ``import snapshotter`` does not import torch)::
     snap = Snapshotter(registry, DiskCache(cache_config), loader_config)
     tensors = snap.load("llama-tiny:v1", "cuda")      # dict name -> tensor, .report
     snap.load_into_module(meta_model, "llama-tiny:v1", "cuda")
+
+    # With the worker's host-RAM tier, a re-warm maps its weights from shared memory:
+    snap = Snapshotter(registry, cache, loader_config, ram_tier=RamTier(ram_tier_config))
+    snap = Snapshotter.from_settings()   # store, cache and RAM tier from THAW_* settings
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ if TYPE_CHECKING:
     )
     from snapshotter.module_fill import ModuleLoadResult
     from snapshotter.profile import ModuleAccessRecorder, record_access
+    from snapshotter.ram_tier import RamTier, RamTierInventory
     from snapshotter.source import ChunkSource
 
 _LAZY = {
@@ -36,6 +41,8 @@ _LAZY = {
     "load": "snapshotter.loader",
     "load_into_module": "snapshotter.loader",
     "ModuleLoadResult": "snapshotter.module_fill",
+    "RamTier": "snapshotter.ram_tier",
+    "RamTierInventory": "snapshotter.ram_tier",
     "ModuleAccessRecorder": "snapshotter.profile",
     "record_access": "snapshotter.profile",
 }
@@ -48,6 +55,8 @@ __all__ = [
     "LoadedTensors",
     "ModuleAccessRecorder",
     "ModuleLoadResult",
+    "RamTier",
+    "RamTierInventory",
     "Snapshotter",
     "load",
     "load_into_module",

@@ -41,6 +41,16 @@ Contracts:
 - LRU by bytes under ``max_bytes``: last use is ``meta.json``'s mtime, touched
   by each hit in any process; victims are chosen by the pure
   ``snapshotter.cache.choose_victims``. An artifact larger than the cap is not held.
+  Puts (with their evictions) hold the ``.lock`` flock while they write, so two
+  processes inserting at once neither overshoot the cap nor write one entry twice.
+- Bandwidth: ``bandwidth.json`` is a moving average of (bytes / seconds) of
+  loads served from the tier, in any process, for the scheduler's estimates.
+  On the CPU a load's seconds are mapping plus (with ``verify``) hashing, which
+  touches every page; without ``verify`` the pages fault in later, on first use.
+
+The entry's file format and I/O live in ``snapshotter.ram_tier_entry``; the
+loader's side (place a hit on the device, keep a fresh load) in
+``snapshotter.loader_ram``.
 """
 
 from __future__ import annotations
@@ -61,7 +71,7 @@ import torch
 
 from snapshotter.cache import CacheEntry, choose_victims
 from snapshotter.config import RamTierConfig
-from snapshotter.digest import digest_bytes, hex_part
+from snapshotter.digest import digest_bytes, hex_part, is_digest
 from snapshotter.manifest import Manifest
 from snapshotter.ram_tier_entry import (
     TMP_PREFIX,
@@ -138,7 +148,7 @@ class RamTier:
         return self.entries_dir / hex_part(manifest_digest)
 
     def __contains__(self, manifest_digest: object) -> bool:
-        if not isinstance(manifest_digest, str):
+        if not isinstance(manifest_digest, str) or not is_digest(manifest_digest):
             return False
         return (self.entry_dir(manifest_digest) / "meta.json").is_file()
 

@@ -265,6 +265,8 @@ def test_public_surface_is_pinned_and_light() -> None:
         "LoadedTensors",
         "ModuleAccessRecorder",
         "ModuleLoadResult",
+        "RamTier",
+        "RamTierInventory",
         "Snapshotter",
         "load",
         "load_into_module",
