@@ -1,0 +1,56 @@
+"""A replica on CUDA: device context made in the generic start, weights streamed onto the GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from snapshotter.config import StoreConfig
+from snapshotter.manifest import ArtifactKind
+from snapshotter.push import push_directory
+from snapshotter.registry import Registry
+from snapshotter.stores import open_store
+from tests.worker.test_specialize import FUNCTIONS, store_spec
+from worker.child_protocol import AdapterRef, ReplicaSpec
+from worker.runtimes.base import CallRequest
+from worker.runtimes.process import ProcessRuntime
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def test_cuda_replica_gets_weights_and_adapters_on_the_gpu(
+    tmp_path: Path, llama_dir: Path, adapter_dirs: list[Path]
+) -> None:
+    config = StoreConfig(url=str(tmp_path / "store"))
+    registry = Registry(open_store(config))
+    model = push_directory(llama_dir, "llama:v1", registry)
+    adapter = push_directory(adapter_dirs[0], "ad:v1", registry)
+    bundle = push_directory(
+        FUNCTIONS / "inspect_model", "fn/inspect:v1", registry, kind=ArtifactKind.BUNDLE
+    )
+    spec = ReplicaSpec(
+        replica_id="r1",
+        function="inspect",
+        bundle_digest=bundle.digest,
+        entry="app:Inspect",
+        model_digest=model.digest,
+        adapters=[AdapterRef(name="a0", digest=adapter.digest)],
+        device="cuda",
+        store=store_spec(config, tmp_path),
+    )
+    runtime = ProcessRuntime()
+    replica = runtime.start(spec, lambda *_: None)
+    try:
+        [done] = list(replica.call(CallRequest("c1", input="report")))
+    finally:
+        replica.stop()
+        runtime.close()
+    assert done.kind == "succeeded", done.error
+    devices = {device for device, _shape in done.output["weights"].values()}
+    assert devices == {"cuda:0"}
+    assert replica.phases_ms["device_init"] > 0.0

@@ -1,0 +1,95 @@
+"""The SDK's contract helpers: how a function is called and what counts as a stream."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import worker.sdk as sdk
+from worker.sdk import Context, accepts_call_context, is_stream
+
+
+class OneArg:
+    def __call__(self, input: Any) -> Any:
+        return input
+
+
+class TwoArgs:
+    def __call__(self, input: Any, call: Any) -> Any:
+        return input
+
+
+class OptionalCall:
+    def __call__(self, input: Any, call: Any = None) -> Any:
+        return input
+
+
+class VarArgs:
+    def __call__(self, *args: Any) -> Any:
+        return args
+
+
+class KeywordOnly:
+    def __call__(self, input: Any, *, call: Any = None) -> Any:
+        return input
+
+
+@pytest.mark.parametrize(
+    ("fn", "expected"),
+    [(OneArg(), False), (TwoArgs(), True), (OptionalCall(), True), (VarArgs(), True)],
+)
+def test_call_context_is_passed_when_a_second_positional_is_taken(fn: Any, expected: bool) -> None:
+    assert accepts_call_context(fn) is expected
+
+
+def test_keyword_only_call_is_not_positional() -> None:
+    assert accepts_call_context(KeywordOnly()) is False
+
+
+def gen() -> Iterator[int]:
+    yield 1
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (gen(), True),
+        (iter([1, 2]), True),
+        ({"a": 1}, False),
+        ([1, 2], False),
+        ("text", False),
+        (None, False),
+    ],
+)
+def test_only_generators_and_iterators_stream(value: Any, expected: bool) -> None:
+    assert is_stream(value) is expected
+
+
+def test_fill_module_adopts_weights_without_copy() -> None:
+    weights = {"weight": torch.randn(3, 2), "bias": torch.randn(3)}
+    with torch.device("meta"):
+        module = torch.nn.Linear(2, 3)
+    from snapshotter.loader import LoadedTensors
+
+    tensors = LoadedTensors(weights)
+    tensors.report = None  # type: ignore[assignment]
+    ctx = Context(device="cpu", weights=tensors)
+    ctx.fill_module(module)
+    assert module.weight.data_ptr() == weights["weight"].data_ptr()
+    assert torch.equal(
+        module(torch.ones(1, 2)), torch.ones(1, 2) @ weights["weight"].T + weights["bias"]
+    )
+
+
+def test_public_surface_is_pinned() -> None:
+    assert sorted(sdk.__all__) == [
+        "Adapter",
+        "CallContext",
+        "Context",
+        "Function",
+        "accepts_call_context",
+        "is_stream",
+    ]
