@@ -57,8 +57,10 @@ class Invocations:
     # --- workers --------------------------------------------------------------
     def register(self, msg: WorkerRegister) -> WorkerRegistered:
         with self.s.db.session() as session:
-            row = workers.register(session, self.s.clock(), msg)
+            row, touched = workers.register(session, self.s.metrics, self.s.clock(), msg)
             queue = row.queue
+        for call_id in touched:
+            self.s.notifier.notify(call_id)
         return WorkerRegistered(
             worker_id=msg.worker_id,
             queue=queue,

@@ -33,15 +33,21 @@ class LostWork:
     touched_call_ids: list[str]
 
 
-def register(session: Session, now: float, msg: WorkerRegister) -> Worker:
-    """Create or refresh the worker's record (a restarted worker re-registers)."""
+def register(
+    session: Session, metrics: Metrics | None, now: float, msg: WorkerRegister
+) -> tuple[Worker, list[str]]:
+    """Create or refresh the worker's record (a restarted worker re-registers).
+
+    Returns the row and the ids of calls it re-queued or failed: a worker
+    that restarted lost its replicas and the calls running on them.
+    """
+    touched: list[str] = []
     row = session.get(Worker, msg.worker_id)
     if row is None:
         row = Worker(id=msg.worker_id, registered_at=now, queue=worker_queue(msg.worker_id))
         session.add(row)
     else:
-        # A worker that restarted lost its replicas: forget them now.
-        _stop_replicas_of(session, row.id, now, "worker re-registered")
+        touched = _abandon(session, metrics, now, row.id, "its worker restarted")
     row.name = msg.name
     row.devices_json = json.dumps([d.model_dump() for d in msg.devices])
     row.memory_bytes = msg.memory_bytes
@@ -51,7 +57,7 @@ def register(session: Session, now: float, msg: WorkerRegister) -> Worker:
     row.cache_bytes = msg.cache_bytes
     row.healthy, row.lost, row.last_heartbeat_at = True, False, now
     session.flush()
-    return row
+    return row, touched
 
 
 def heartbeat(session: Session, now: float, worker_id: str, msg: WorkerHeartbeat) -> HeartbeatReply:
@@ -123,17 +129,24 @@ def mark_lost(
     touched: list[str] = []
     for w in silent:
         w.lost = True
-        replica_ids = select(Replica.id).where(Replica.worker_id == w.id)
-        stranded = session.scalars(
-            select(Call).where(Call.replica_id.in_(replica_ids), Call.status.in_(_IN_FLIGHT))
-        ).all()
         reason = f"worker {w.name or w.id} stopped heartbeating"
-        for c in stranded:
-            requeue_or_fail(session, metrics, now, c, reason)
-            touched.append(c.id)
-        _stop_replicas_of(session, w.id, now, reason)
+        touched += _abandon(session, metrics, now, w.id, reason)
     session.flush()
     return LostWork([w.id for w in silent], touched)
+
+
+def _abandon(
+    session: Session, metrics: Metrics | None, now: float, worker_id: str, reason: str
+) -> list[str]:
+    """Stop a worker's replicas in the books; retry or fail the calls they were running."""
+    replica_ids = select(Replica.id).where(Replica.worker_id == worker_id)
+    stranded = session.scalars(
+        select(Call).where(Call.replica_id.in_(replica_ids), Call.status.in_(_IN_FLIGHT))
+    ).all()
+    for c in stranded:
+        requeue_or_fail(session, metrics, now, c, reason)
+    _stop_replicas_of(session, worker_id, now, reason)
+    return [c.id for c in stranded]
 
 
 def snapshots(session: Session) -> list[WorkerSnapshot]:

@@ -121,3 +121,19 @@ def test_exactly_one_final_state_under_concurrent_enders(db_url: str) -> None:
     db.dispose()
     assert len(winners) == 1
     assert final.status == winners[0]
+
+
+def test_worker_that_restarts_gets_its_running_calls_retried(cp: ControlPlane) -> None:
+    worker = cp.worker()
+    cp.deploy("echo", retries=1)
+    with cp.client() as c:
+        call_id = _async(c, "echo", {"sleep_s": 1})
+        _wait(lambda: _call(c, call_id)["status"] == "running")
+        again = {"worker_id": worker.id, "name": "fake", "devices": [{"kind": "cpu"}]}
+        with cp.client(cp.key("worker")) as w:
+            assert w.post("/v1/workers/register", json=again).status_code == 200
+        _wait(lambda: _call(c, call_id)["status"] == "succeeded")
+        done = _call(c, call_id)
+        assert done["attempt"] == 2
+        runs = [p for t, p in worker.received if t == "thaw.run_call" and p["call_id"] == call_id]
+        assert [p["attempt"] for p in runs] == [1, 2]
