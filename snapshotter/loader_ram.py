@@ -17,6 +17,7 @@ report has ``chunks == 0`` and ``ram_tier_bytes`` equal to the tensor bytes.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from snapshotter.ram_tier import RamTier
 
 if TYPE_CHECKING:
     from snapshotter.loader_cuda import StagingPool
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,11 @@ def keep(
     so this replica shares pages with the next ones); otherwise ``buffers``.
     """
     start = time.perf_counter()
-    held = tier.put(digest, manifest_json, plan.files, buffers)
+    try:
+        held = tier.put(digest, manifest_json, plan.files, buffers)
+    except OSError as exc:  # the tier is an optimization: the load itself succeeded
+        log.warning("weights %s not kept in the RAM tier: %s", digest, exc)
+        held = False
     if held and all(b.device.type == "cpu" for b in buffers):
         mapped = tier.map(digest, plan.files)
         if mapped is not None:

@@ -72,6 +72,7 @@ import torch
 from snapshotter.cache import CacheEntry, choose_victims
 from snapshotter.config import RamTierConfig
 from snapshotter.digest import digest_bytes, hex_part, is_digest
+from snapshotter.errors import StoreError
 from snapshotter.manifest import Manifest
 from snapshotter.ram_tier_entry import (
     TMP_PREFIX,
@@ -138,7 +139,13 @@ class RamTier:
         self.config = config
         self.root = Path(config.directory)
         self.entries_dir = self.root / "entries"
-        self.entries_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.entries_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create the RAM tier at {self.root}: {exc}; point THAW_RAM_TIER_DIR "
+                "at a writable tmpfs directory, or set THAW_RAM_TIER_MAX_BYTES=0 to turn it off"
+            ) from exc
         self._lock_path = self.root / ".lock"
         self._counters = RamTierCounters()
         self._counter_lock = threading.Lock()
@@ -282,8 +289,11 @@ class RamTier:
             manifest_digest,
             why,
         )
-        self.drop(manifest_digest)
         self._count(corrupt=1, misses=1)
+        try:
+            self.drop(manifest_digest)
+        except OSError as exc:  # the load goes on from the disk cache either way
+            log.warning("cannot drop RAM tier entry %s: %s", manifest_digest, exc)
 
     def _count(self, **deltas: int) -> None:
         with self._counter_lock:

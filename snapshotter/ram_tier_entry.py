@@ -82,7 +82,7 @@ def map_all(entry: Path, meta: Sequence[TierFile]) -> list[torch.Tensor] | None:
             buffers.append(
                 torch.from_file(str(path), shared=False, size=f.data_bytes, dtype=torch.uint8)
             )
-        except (FileNotFoundError, RuntimeError):
+        except (OSError, RuntimeError):  # gone (evicted meanwhile) or unreadable
             return None
     return buffers
 
@@ -149,8 +149,9 @@ def write_data(path: Path, buf: torch.Tensor) -> str:
 
 
 def touch(path: Path) -> None:
+    """Mark an entry used now; best effort (a lost touch only ages the entry)."""
     now_ns = time.time_ns()
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(OSError):
         os.utime(path, ns=(now_ns, now_ns))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -264,6 +265,25 @@ def test_without_verify_a_hit_hashes_nothing(
     held = snap.load(digest)
     assert held.report.ram_tier_bytes == held.report.tensor_bytes
     assert held.report.verify_decompress.bytes == 0
+
+
+def test_a_full_tmpfs_skips_the_insert_and_the_load_succeeds(
+    tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = Registry(LocalStore(tmp_path / "store"))
+    digest = push(registry, llama_dir, "llama:v1")
+    tier = RamTier(tier_config)
+    snap = Snapshotter(registry, _cache(tmp_path / "cache"), ram_tier=tier)
+
+    def no_space(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("snapshotter.ram_tier_entry.os.posix_fallocate", no_space)
+    tensors = snap.load(digest)
+    assert_same_tensors(tensors, expected_tensors(llama_dir))
+    assert tier.counters().insert_errors == 1
+    assert list(tier.entries_dir.iterdir()) == []  # the partial entry was removed
+    assert digest not in tier and snap.load(digest).report.ram_tier_bytes == 0
 
 
 def test_concurrent_first_loads_keep_one_entry(
