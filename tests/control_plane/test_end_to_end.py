@@ -10,10 +10,12 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from control_plane.api.app import create_app
 from snapshotter.manifest import ArtifactKind
@@ -60,11 +62,11 @@ def e2e_bundle(cp_store: StoreFixture, tmp_path_factory: pytest.TempPathFactory)
     return push_directory(d, "bundles/e2e:v1", registry, kind=ArtifactKind.BUNDLE).digest
 
 
-@pytest.fixture(params=list(BROKERS))
-def stack(
-    request: pytest.FixtureRequest, tmp_path: Path, cp_store: StoreFixture
+@contextmanager
+def running_stack(
+    tmp_path: Path, cp_store: StoreFixture, broker: str | None
 ) -> Iterator[tuple[httpx.Client, subprocess.Popen[bytes]]]:
-    broker = BROKERS[request.param]
+    """A served control plane and a ``thaw worker`` process attached to it."""
     settings = make_settings(
         tmp_path,
         f"sqlite:///{tmp_path / 'thaw.db'}",
@@ -110,6 +112,14 @@ def stack(
             admin.close()
 
 
+@pytest.fixture(params=list(BROKERS))
+def stack(
+    request: pytest.FixtureRequest, tmp_path: Path, cp_store: StoreFixture
+) -> Iterator[tuple[httpx.Client, subprocess.Popen[bytes]]]:
+    with running_stack(tmp_path, cp_store, BROKERS[request.param]) as s:
+        yield s
+
+
 def test_deploy_invoke_stream_on_a_real_worker(
     stack: tuple[httpx.Client, subprocess.Popen[bytes]],
     cp_store: StoreFixture,
@@ -153,3 +163,24 @@ def test_deploy_invoke_stream_on_a_real_worker(
         {"i": 1},
         {"i": 2},
     ]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_function_is_placed_on_the_gpu(
+    tmp_path: Path, cp_store: StoreFixture, e2e_bundle: str
+) -> None:
+    with running_stack(tmp_path, cp_store, None) as (c, _):
+        spec = {
+            "name": "weights",
+            "entry": "app:Weights",
+            "bundle": e2e_bundle,
+            "model": cp_store.model_ref,
+            "device": "cuda",
+            "timeout_s": 120,
+        }
+        assert c.post("/v1/functions", json=spec).status_code == 201
+        r = c.post("/v1/functions/weights/invoke", json={"input": 1})
+        assert r.status_code == 200, r.text
+        assert r.json()["output"]["device"] == "cuda"
+        assert "weights_to_device;dur=" in r.headers["Server-Timing"]
