@@ -23,7 +23,9 @@ const WARM = "#0e7490";
 
 export function latencyMs(call) {
   if (call.status !== "succeeded" || !call.finished_at) return null;
-  return (call.finished_at - call.accepted_at) * 1000;
+  // Rounded to the microsecond: unix-second floats carry noise that would
+  // otherwise push a 100 ms call past a 100 ms bucket edge.
+  return Math.round((call.finished_at - call.accepted_at) * 1e6) / 1e3;
 }
 
 // Bins [0, max] into `count` equal buckets; cold and warm counted apart.
