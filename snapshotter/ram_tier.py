@@ -35,9 +35,9 @@ Contracts:
   with ``verify`` on, ``get`` re-hashes every mapped file (blake3 is
   multithreaded, several GB/s) and a mismatch drops the entry and misses, so
   the load falls through to the disk cache and re-inserts a good copy.
-- Space: data files are ``posix_fallocate``d before they are mapped, so a full
-  tmpfs is ``ENOSPC`` at insert (the insert is skipped, the load still
-  succeeds) rather than ``SIGBUS`` on a later store into the mapping.
+- Space: data files are written with ``write`` (never through a shared
+  mapping), so a full tmpfs is ``ENOSPC`` at insert (the insert is skipped,
+  the partial entry removed, the load still succeeds), never ``SIGBUS``.
 - LRU by bytes under ``max_bytes``: last use is ``meta.json``'s mtime, touched
   by each hit in any process; victims are chosen by the pure
   ``snapshotter.cache.choose_victims``. An artifact larger than the cap is not held.

