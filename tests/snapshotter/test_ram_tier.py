@@ -162,21 +162,24 @@ def _put(tier: RamTier, name: str, nbytes: int) -> bool:
     return tier.put(digest, b"{}", files, [torch.full((nbytes,), 7, dtype=torch.uint8)])
 
 
+def _digest(name: str) -> str:
+    return "blake3:" + name * 64
+
+
 def test_least_recently_used_entry_is_evicted_under_the_cap(tmp_path: Path) -> None:
-    tier = RamTier(RamTierConfig(directory=tmp_path / "tier", max_bytes=250))
-    assert _put(tier, "a", 100) and _put(tier, "b", 100)
-    held_a = tier.get("blake3:" + "a" * 64, [FilePlan("model.safetensors", 100, ())])
-    assert held_a is not None  # a is now more recent than b
+    config = RamTierConfig(directory=tmp_path / "tier", max_bytes=250)
+    tier, other_process = RamTier(config), RamTier(config)  # two views of one directory
+    assert _put(tier, "a", 100) and _put(other_process, "b", 100)
+    held_a = other_process.get(_digest("a"), [FilePlan("model.safetensors", 100, ())])
+    assert held_a is not None  # a is now more recent than b, for every process
 
     assert _put(tier, "c", 100)
-    assert set(tier.inventory().manifests) == {"blake3:" + "a" * 64, "blake3:" + "c" * 64}
+    assert set(other_process.inventory().manifests) == {_digest("a"), _digest("c")}
     assert tier.counters().evictions == 1
 
     assert _put(tier, "d", 100)  # a is evicted while its mapping is in use ...
-    assert "blake3:" + "a" * 64 not in tier
-    assert torch.equal(
-        held_a.buffers[0], torch.full((100,), 7, dtype=torch.uint8)
-    )  # ... and stays valid
+    assert _digest("a") not in other_process
+    assert torch.equal(held_a.buffers[0], torch.full((100,), 7, dtype=torch.uint8))  # ... intact
 
     assert not _put(tier, "e", 251)  # larger than the cap: not held, nothing evicted
     assert tier.counters().too_large == 1
