@@ -302,6 +302,8 @@ class RamTier:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
+        # Someone may have emptied the tmpfs (a reboot does): start the tier again.
+        self.entries_dir.mkdir(parents=True, exist_ok=True)
         # A fresh open file description per call, so threads exclude each other too.
         with open(self._lock_path, "a+b") as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
@@ -316,7 +318,7 @@ class RamTier:
         ``prune`` (only under the lock) removes entries whose meta.json is bad.
         """
         out: dict[str, CacheEntry] = {}
-        for entry in self.entries_dir.iterdir():
+        for entry in _list(self.entries_dir):
             if entry.name.startswith((TMP_PREFIX, TRASH_PREFIX)):
                 continue
             try:
@@ -335,7 +337,7 @@ class RamTier:
     def _clear_debris(self) -> None:
         # Under the lock no write is in progress, so any temp or trash dir is a
         # crashed process's leftover.
-        for entry in self.entries_dir.iterdir():
+        for entry in _list(self.entries_dir):
             if entry.name.startswith((TMP_PREFIX, TRASH_PREFIX)):
                 shutil.rmtree(entry, ignore_errors=True)
 
@@ -346,6 +348,14 @@ class RamTier:
         except FileNotFoundError:
             return
         shutil.rmtree(trash, ignore_errors=True)
+
+
+def _list(directory: Path) -> list[Path]:
+    """The directory's entries; none when the directory itself is gone."""
+    try:
+        return list(directory.iterdir())
+    except FileNotFoundError:
+        return []
 
 
 def _map_entry(

@@ -289,6 +289,21 @@ def test_a_full_tmpfs_skips_the_insert_and_the_load_succeeds(
     assert digest not in tier and snap.load(digest).report.ram_tier_bytes == 0
 
 
+def test_a_tier_directory_emptied_under_a_running_worker_is_started_again(
+    tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig
+) -> None:
+    registry = Registry(LocalStore(tmp_path / "store"))
+    digest = push(registry, llama_dir, "llama:v1")
+    tier = RamTier(tier_config)
+    snap = Snapshotter(registry, _cache(tmp_path / "cache"), ram_tier=tier)
+    snap.load(digest)
+    shutil.rmtree(tier_config.directory)  # e.g. an operator cleaned /dev/shm
+
+    assert tier.inventory().total_bytes == 0
+    assert snap.load(digest).report.ram_tier_bytes == 0  # a miss, then kept again
+    assert snap.load(digest).report.ram_tier_bytes > 0
+
+
 def test_concurrent_first_loads_keep_one_entry(
     tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig
 ) -> None:
