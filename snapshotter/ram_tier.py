@@ -183,7 +183,7 @@ class RamTier:
         """The held manifest's JSON, only if it still hashes to ``manifest_digest``."""
         try:
             data = (self.entry_dir(manifest_digest) / "manifest.json").read_bytes()
-        except FileNotFoundError:
+        except OSError:  # absent or unreadable: the disk cache or the store has it
             return None
         return data if digest_bytes(data) == manifest_digest else None
 
