@@ -26,6 +26,7 @@
 | server_port                | THAW_SERVER_PORT             | 8420                 |
 | admin_key_file             | THAW_ADMIN_KEY_FILE          | (none; first admin key copy) |
 | max_body_bytes             | THAW_MAX_BODY_BYTES          | 6 MiB                |
+| max_upload_bytes           | THAW_MAX_UPLOAD_BYTES        | 64 GiB (console folder uploads) |
 | heartbeat_interval_s       | THAW_HEARTBEAT_INTERVAL_S    | 5                    |
 | worker_lost_after_heartbeats | THAW_WORKER_LOST_AFTER_HEARTBEATS | 3            |
 | reconcile_interval_s       | THAW_RECONCILE_INTERVAL_S    | 0.5                  |
@@ -83,6 +84,7 @@ class Settings(BaseSettings):
     server_port: int = 8420
     admin_key_file: Path | None = None
     max_body_bytes: int = 6 << 20
+    max_upload_bytes: int = 64 << 30
     heartbeat_interval_s: float = 5.0
     worker_lost_after_heartbeats: int = 3
     reconcile_interval_s: float = 0.5

@@ -134,5 +134,9 @@ def create_app(
         app.include_router(module.router)
     for module in (stats, scaling, uploads, console):  # the web console's needs
         app.include_router(module.router)
-    app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimit,
+        max_body_bytes=settings.max_body_bytes,
+        path_limits={"/v1/uploads": (settings.max_upload_bytes, "THAW_MAX_UPLOAD_BYTES")},
+    )
     return app

@@ -7,6 +7,7 @@ they arrive, so a client cannot stream past the limit either.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -17,17 +18,29 @@ class _TooLarge(Exception):
 
 
 class BodySizeLimit:
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    """``path_limits`` maps an exact path to (its own limit, the setting that sets it):
+    folder uploads from the console are far larger than any JSON body."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_body_bytes: int,
+        path_limits: Mapping[str, tuple[int, str]] | None = None,
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.path_limits = dict(path_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit, setting = self.path_limits.get(
+            scope.get("path", ""), (self.max_body_bytes, "THAW_MAX_BODY_BYTES")
+        )
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            await self._refuse(send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._refuse(send, limit, setting)
             return
         seen = 0
         started = False
@@ -37,7 +50,7 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_body_bytes:
+                if seen > limit:
                     raise _TooLarge
             return message
 
@@ -51,12 +64,12 @@ class BodySizeLimit:
             await self.app(scope, counting_receive, tracking_send)
         except _TooLarge:
             if not started:
-                await self._refuse(send)
+                await self._refuse(send, limit, setting)
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(self, send: Send, limit: int, setting: str) -> None:
         detail: dict[str, Any] = {
-            "detail": f"request body exceeds {self.max_body_bytes} bytes "
-            "(THAW_MAX_BODY_BYTES); send large inputs by reference, e.g. a URL"
+            "detail": f"request body exceeds {limit} bytes "
+            f"({setting}); send large inputs by reference, e.g. a URL"
         }
         body = json.dumps(detail).encode()
         await send(

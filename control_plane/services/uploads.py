@@ -98,5 +98,7 @@ def push_upload(
                 root, ref, registry, kind=KINDS[kind], chunk_size_bytes=chunk_size_bytes
             )
         except BadArtifactError as exc:
-            raise BadRequestError(f"the uploaded folder cannot be pushed: {exc}") from None
+            # The temporary path means nothing to the person who chose the folder.
+            why = str(exc).replace(f"{root}/", "").replace(str(root), "the folder")
+            raise BadRequestError(f"the uploaded folder cannot be pushed: {why}") from None
     return UploadResult(result, spec)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -160,6 +161,19 @@ def test_upload_bundle_returns_its_spec_then_deploys(cp: ControlPlane, tmp_path:
         assert c.post("/v1/functions", json=spec).status_code == 201
 
 
+def test_uploads_have_their_own_body_limit(cp_factory: Any) -> None:
+    cp = cp_factory(max_body_bytes=1000, max_upload_bytes=50_000)
+    with cp.client() as c:
+        big = {"ref": "x:v1", "kind": "bundle", "paths": "blob.txt"}
+        ok = c.post("/v1/uploads", data=big, files=[("files", ("blob.txt", b"x" * 20_000))])
+        assert ok.status_code == 201, ok.text
+        over = c.post("/v1/uploads", data=big, files=[("files", ("blob.txt", b"x" * 60_000))])
+        assert over.status_code == 413 and "THAW_MAX_UPLOAD_BYTES" in over.json()["detail"]
+        # Every other route keeps the small limit.
+        r = c.post("/v1/keys", json={"scopes": ["invoke"], "name": "n" * 2000})
+        assert r.status_code == 413 and "THAW_MAX_BODY_BYTES" in r.json()["detail"]
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
@@ -167,7 +181,7 @@ def test_upload_bundle_returns_its_spec_then_deploys(cp: ControlPlane, tmp_path:
         ({"ref": "x:v1"}, "0 paths for 1 files"),
         ({"paths": "a.txt"}, "needs a ref field"),
         ({"ref": "x:v1", "kind": "layer", "paths": "a.txt"}, "kind must be one of"),
-        ({"ref": "x:v1", "kind": "model", "paths": "a.txt"}, "cannot be pushed"),
+        ({"ref": "x:v1", "kind": "model", "paths": "a.txt"}, "cannot be pushed: the folder holds"),
     ],
 )
 def test_bad_uploads_are_400_saying_why(

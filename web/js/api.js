@@ -162,7 +162,8 @@ export function upload(fields, files, onProgress) {
       }
       if (xhr.status >= 200 && xhr.status < 300) resolve(body);
       else if (xhr.status === 413) {
-        reject(new ApiError(413, "The folder is larger than the control plane accepts in one request (THAW_MAX_BODY_BYTES); push it with `thaw models push` instead."));
+        const why = body && body.detail ? describeDetail(body.detail) : "too large";
+        reject(new ApiError(413, `The folder is larger than the control plane accepts in one upload: ${why}. Push it with \`thaw models push\` instead.`));
       } else reject(new ApiError(xhr.status, describeDetail(body ? body.detail : xhr.statusText)));
     };
     xhr.send(form);
