@@ -78,7 +78,7 @@ def prepare(settings: Settings, home: Path) -> tuple[str, str]:
 
     db_url = settings.database_url_resolved()
     migrate.upgrade(db_url)
-    out.print(f"database ready ({_redacted(db_url)})")
+    out.print(f"database ready ({_redacted(db_url)})", soft_wrap=True)
     admin_key = ensure_key(db_url, settings.admin_key_file or home / "admin.key", "admin")
     worker_key = ensure_key(db_url, home / "worker" / "api.key", "worker")
     built = build_example(home / "example")
@@ -134,7 +134,10 @@ def push_example(settings: Settings, dirs: dict[str, Path]) -> None:
     registry = Registry(open_store(settings.store_config()))
     for name, ref in EXAMPLE_ARTIFACTS.items():
         result = push_directory(dirs[name], ref, registry)
-        out.print(f"pushed {ref} ({result.raw_size_bytes / 1e6:.1f} MB) to {registry.store.url}")
+        out.print(
+            f"pushed {ref} ({result.raw_size_bytes / 1e6:.1f} MB) to {registry.store.url}",
+            soft_wrap=True,
+        )
 
 
 def deploy_example(env: dict[str, str], admin_key: str) -> None:
@@ -177,7 +180,8 @@ class Children:
             start_new_session=True,  # Ctrl-C reaches thaw up only; it stops them in order
         )
         self.procs.append((name, proc, log))
-        out.print(f"started {name} (pid {proc.pid}, log {self.log_dir / f'{name}.log'})")
+        log_name = self.log_dir / f"{name}.log"
+        out.print(f"started {name} (pid {proc.pid}, log {log_name})", soft_wrap=True)
 
     def dead(self) -> str | None:
         """The name of a child that exited, if any."""
@@ -278,8 +282,9 @@ def banner(url: str, admin_key: str, devices: list[dict[str, Any]], home: Path) 
     adapter_body = '{"input": {"prompt": "Hello", "max_tokens": 24}, "adapter": "pirate"}'
     auth = f"-H {shlex.quote('Authorization: Bearer ' + admin_key)}"
     json_h = "-H 'Content-Type: application/json'"
-    out.print(f"\n[bold green]thaw is up[/bold green] at {url} with one worker ({where}).")
-    out.print(f"state and logs: {home}\n")
+    out.print(f"\n[bold green]thaw is up[/bold green] at {url} with one worker.", soft_wrap=True)
+    out.print(f"devices: {where}.", soft_wrap=True)
+    out.print(f"state and logs: {home}\n", soft_wrap=True)
     out.print("[bold]admin key[/bold] (also in admin.key there):")
     out.print(admin_key, soft_wrap=True)
     out.print(f"\nexport THAW_SERVER_URL={url} THAW_API_KEY={admin_key}\n", soft_wrap=True)
@@ -292,7 +297,7 @@ def banner(url: str, admin_key: str, devices: list[dict[str, Any]], home: Path) 
     )
     out.print("[bold]with a LoRA adapter:[/bold]")
     out.print(f"curl -s {invoke} {auth} {json_h} -d '{adapter_body}'", soft_wrap=True)
-    out.print(f"\nweb console: {url}/   —   Ctrl-C stops everything.")
+    out.print(f"\nweb console: {url}/   —   Ctrl-C stops everything.", soft_wrap=True)
 
 
 def _auth(key: str) -> dict[str, str]:
