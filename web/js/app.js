@@ -61,6 +61,7 @@ function signOut(clearMessage = true) {
 }
 
 function renderSignIn() {
+  generation += 1; // stops the signed-in page's refreshes
   nav.hidden = true;
   document.getElementById("signout").hidden = true;
   const input = h("input", {
@@ -143,6 +144,20 @@ async function route() {
       }
     },
     stale: () => mine !== generation,
+    // Re-run `fn` every `interval_ms` while this page is shown; errors end it, shown.
+    every: (interval_ms, fn) => {
+      const tick = async () => {
+        if (mine !== generation) return;
+        try {
+          await fn();
+        } catch (err) {
+          if (mine === generation) error(err);
+          return;
+        }
+        setTimeout(tick, interval_ms);
+      };
+      setTimeout(tick, interval_ms);
+    },
   };
   replace(main, h("p", { class: "loading" }, "Loading…"));
   try {

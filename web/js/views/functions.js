@@ -24,20 +24,39 @@ function row(s) {
   );
 }
 
+const REFRESH_MS = 5000;
+
 export async function render(root, _params, ctx) {
-  const stats = await api.get("/v1/stats/functions");
+  const box = h("div", { id: "functions-table" });
+  await draw(box, ctx);
   if (ctx.stale()) return;
-  const body = stats.length
-    ? table(
-        "Functions",
-        ["Name", "Status", "Version", "Replicas", "Calls", "Cold starts", "Warm p50 / p95", "Cold p50 / p95"],
-        stats.map(row),
-      )
-    : h("p", {}, "No functions yet. ", h("a", { href: "#/deploy" }, "Deploy one"), ".");
   replace(
     root,
     h("h2", { tabindex: "-1" }, "Functions"),
-    h("p", { class: "muted" }, "Latency percentiles are over each function's latest finished calls, queueing included."),
-    body,
+    h("p", { class: "muted" }, "Latency percentiles are over each function's latest finished calls, queueing included. Refreshed every 5 s."),
+    box,
   );
+  ctx.every(REFRESH_MS, () => draw(box, ctx));
+}
+
+// Redraws the table; a link that had keyboard focus keeps it across the redraw.
+async function draw(box, ctx) {
+  const stats = await api.get("/v1/stats/functions");
+  if (ctx.stale()) return;
+  const focused = box.contains(document.activeElement) ? document.activeElement.closest("tr") : null;
+  const focusedName = focused ? focused.dataset.function : null;
+  replace(
+    box,
+    stats.length
+      ? table(
+          "Functions",
+          ["Name", "Status", "Version", "Replicas", "Calls", "Cold starts", "Warm p50 / p95", "Cold p50 / p95"],
+          stats.map(row),
+        )
+      : h("p", {}, "No functions yet. ", h("a", { href: "#/deploy" }, "Deploy one"), "."),
+  );
+  if (focusedName) {
+    const link = box.querySelector(`tr[data-function="${CSS.escape(focusedName)}"] a`);
+    if (link) link.focus();
+  }
 }
