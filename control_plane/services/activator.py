@@ -49,6 +49,9 @@ class Activator:
         seen = 0
         while True:
             view = self._read(call_id)
+            if view.status == "timeout":
+                # Ended by the reconcile loop's expiry or the worker: same answer.
+                raise self._deadline_error(view)
             if view.final:
                 return view
             if self.s.clock() >= view.deadline_at:
@@ -79,21 +82,33 @@ class Activator:
             seen = self._wait(call_id, seen, view.deadline_at)
 
     def _expire(self, view: CallView) -> CallView:
-        now = self.s.clock()
+        """End ``view`` as timeout and raise; if a result won the race, return it."""
         with self.s.db.session() as session:
             won = calls.finalize(
-                session, self.s.metrics, now, view.id, "timeout", error="the call's deadline passed"
+                session,
+                self.s.metrics,
+                self.s.clock(),
+                view.id,
+                "timeout",
+                error="the call's deadline passed",
             )
-            phases = self._phases_so_far(session, view)
         self.s.notifier.notify(view.id)
-        if not won:
-            return self._read(view.id)
-        raise DeadlineExceededError(
+        latest = self._read(view.id)
+        if won or latest.status == "timeout":
+            raise self._deadline_error(latest)
+        return latest
+
+    def _deadline_error(self, view: CallView) -> DeadlineExceededError:
+        with self.s.db.session() as session:
+            phases = self._phases_so_far(session, view)
+        message = (
             f"call {view.id} did not finish within its deadline "
-            f"({view.deadline_at - view.accepted_at:.3f} s); see the phases for where time went",
-            view.id,
-            phases,
+            f"({view.deadline_at - view.accepted_at:.3f} s); see the phases for where time went"
         )
+        why = self.s.placement_errors.get(view.function)
+        if view.replica_id is None and why:
+            message += f"; no replica could be started: {why}"
+        return DeadlineExceededError(message, view.id, phases)
 
     def _phases_so_far(self, session: Session, view: CallView) -> dict[str, float]:
         if view.phases_ms:
@@ -112,6 +127,8 @@ def wait_dispatched(activator: Activator, call_id: str) -> CallView:
     seen = 0
     while True:
         view = activator._read(call_id)
+        if view.status == "timeout":
+            raise activator._deadline_error(view)
         if view.final or view.status != "queued":
             return view
         if activator.s.clock() >= view.deadline_at:

@@ -29,6 +29,9 @@ class Services:
     # Serializes scaling and dispatch decisions within this process, so two
     # threads do not both start a replica for the same queued call.
     reconcile_lock: threading.RLock = field(default_factory=threading.RLock)
+    # Why the latest replica start of a function could not be placed (cleared
+    # once one is); a caller whose deadline passes is told this reason.
+    placement_errors: dict[str, str] = field(default_factory=dict)
     _registry: Registry | None = None
 
     @property

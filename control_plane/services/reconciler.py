@@ -54,7 +54,6 @@ class Outbox:
 class Reconciler:
     def __init__(self, services: Services) -> None:
         self.s = services
-        self._last_warning: dict[str, str] = {}
 
     # --- entry points ---------------------------------------------------------
     def kick(self, function: str) -> None:
@@ -169,11 +168,11 @@ class Reconciler:
             placement = place(request, workers.snapshots(session))
         except NoCapacityError as exc:
             # Every tick retries; say it once per function until the reason changes.
-            if self._last_warning.get(fn.name) != str(exc):
-                self._last_warning[fn.name] = str(exc)
+            if self.s.placement_errors.get(fn.name) != str(exc):
+                self.s.placement_errors[fn.name] = str(exc)
                 log.warning("cannot start a replica of %s yet: %s", fn.name, exc)
             return False
-        self._last_warning.pop(fn.name, None)
+        self.s.placement_errors.pop(fn.name, None)
         schedule_ms = (time.perf_counter() - t0) * 1000
         box.starts.append(
             (placement.worker_id, replicas.create(session, now, fn, placement, schedule_ms))

@@ -186,3 +186,14 @@ def test_bad_input_statuses(cp: ControlPlane) -> None:
         big = {"input": "x" * (cp.settings.max_body_bytes + 10)}
         assert c.post("/v1/functions/echo/invoke", json=big).status_code == 413
         assert c.get("/v1/calls/nosuch").status_code == 404
+
+
+def test_deadline_without_any_worker_says_why(cp: ControlPlane) -> None:
+    cp.deploy("echo", device="cuda")
+    cp.worker()  # CPU only: nothing can host a CUDA replica
+    with cp.client() as c:
+        r = c.post(
+            "/v1/functions/echo/invoke", json={"input": 1}, headers={"X-Thaw-Deadline-Ms": "400"}
+        )
+        assert r.status_code == 504
+        assert "needs a CUDA device" in r.json()["detail"]
