@@ -23,6 +23,7 @@ Container layout (binds, placeholders, limits): ``worker.runtimes.docker_launch`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import shutil
 import socket
@@ -61,6 +62,7 @@ from worker.runtimes.process import GENERIC_PHASES, ProcessReplica
 
 log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 120.0
+CLOSE_WAIT_S = 180.0
 DEFAULT_DOCKER_URL = "unix:///var/run/docker.sock"
 
 
@@ -144,6 +146,21 @@ class DockerReplica(ProcessReplica):
         return self._profile_saved.wait(timeout_s)
 
 
+@dataclass
+class Launched:
+    """A container over a lazy mount, started by ``DockerRuntime.launch``."""
+
+    container: Any
+    mount: LazyMount
+    workdir: Path
+
+    def close(self) -> None:
+        with contextlib.suppress(DockerException):
+            self.container.remove(force=True)
+        self.mount.unmount()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
 class DockerRuntime(Runtime):
     def __init__(self, config: DockerConfig) -> None:
         self.config = config
@@ -153,6 +170,7 @@ class DockerRuntime(Runtime):
         self._lock = threading.Lock()
         self._warm: dict[tuple[str, str], list[ContainerProcess]] = {}
         self._closed = False
+        self._refills: list[threading.Thread] = []
 
     # --- start -------------------------------------------------------------------
     def start(self, spec: ReplicaSpec, on_exit: OnExit) -> DockerReplica:
@@ -207,7 +225,16 @@ class DockerRuntime(Runtime):
                 self._warm.setdefault(key, []).append(process)
 
     def _refill_later(self, container: ContainerSpec, device: str) -> None:
-        threading.Thread(target=self.prewarm, args=(container, device), daemon=True).start()
+        thread = threading.Thread(target=self._refill, args=(container, device), daemon=True)
+        with self._lock:
+            self._refills = [t for t in self._refills if t.is_alive()] + [thread]
+        thread.start()
+
+    def _refill(self, container: ContainerSpec, device: str) -> None:
+        try:
+            self.prewarm(container, device)
+        except (ReplicaStartError, SnapshotterError, MountError, DockerException, OSError) as exc:
+            log.warning("could not pre-warm a container of %s: %s", container.image, exc)
 
     def warm_count(self) -> int:
         with self._lock:
@@ -243,6 +270,28 @@ class DockerRuntime(Runtime):
             listener.close()
         hello_phases = {"image_fetch": image_fetch_ms, **hello.phases_ms}
         return ContainerProcess(handle, conn, device, hello_phases, mount, workdir)
+
+    def launch(self, container: ContainerSpec, command: list[str]) -> Launched:
+        """Run ``command`` in a container over the lazily mounted image; no replica protocol.
+
+        For benchmarks and diagnostics; the caller ends it with ``Launched.close``.
+        """
+        workdir = self.config.state_dir / uuid.uuid4().hex[:12]
+        (workdir / "sock").mkdir(parents=True)
+        mount, plan, skeleton = self._prepare(container, "cpu", workdir)
+        try:
+            handle = self._run(skeleton, dataclasses.replace(plan, command=command))
+        except BaseException:
+            mount.unmount()
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        return Launched(handle, mount, workdir)
+
+    def ensure_root_image(self, image: str) -> str:
+        """The skeleton root image of ``image`` (NAME:TAG), created once per image digest."""
+        digest = resolve_image(self.registry, image)
+        merged = merge_layers(image_layers(self.registry, get_image(self.registry, digest)))
+        return self._skeleton(digest, build_tree(merged))
 
     def _prepare(
         self, container: ContainerSpec, device: str, workdir: Path
@@ -329,9 +378,14 @@ class DockerRuntime(Runtime):
             raise ReplicaStartError(f"the replica container sent {msg.type!r} before hello")
         return conn, msg
 
-    def close(self) -> None:
+    def close(self, refill_wait_s: float = CLOSE_WAIT_S) -> None:
+        """Remove warm containers; wait for refills in flight (they remove their own)."""
         with self._lock:
             self._closed = True
+            refills = list(self._refills)
+        for thread in refills:
+            thread.join(refill_wait_s)
+        with self._lock:
             warm = [p for v in self._warm.values() for p in v]
             self._warm.clear()
         for process in warm:
