@@ -24,7 +24,12 @@ from control_plane.protocol import WorkerHeartbeat, WorkerRegister
 from worker.child_protocol import StoreSpec
 from worker.consumer import BrokerConfig, Consumer, Handlers
 from worker.control_client import ControlPlaneClient, ControlPlaneError
-from worker.devices import detect_devices, free_memory_bytes, total_memory_bytes
+from worker.devices import (
+    default_device,
+    detect_devices,
+    free_memory_bytes,
+    total_memory_bytes,
+)
 from worker.inventory import CacheInventory
 from worker.replicas import ReplicaManager
 from worker.runtimes.base import Runtime
@@ -96,6 +101,9 @@ class Agent:
         )
         consumer = Consumer(self.config.broker, self.worker_id, handlers, self.config.concurrency)
         consumer.start()
+        if self.config.pool_size > 0:
+            device = default_device(self.devices)
+            threading.Thread(target=self._prewarm, args=(device,), daemon=True).start()
         try:
             while not stop.wait(self.heartbeat_interval_s):
                 if not consumer.running:
@@ -107,6 +115,12 @@ class Agent:
             consumer.stop()
             self.runtime.close()
             self.client.close()
+
+    def _prewarm(self, device: str) -> None:
+        try:
+            self.runtime.prewarm_device(device)
+        except Exception:
+            log.exception("could not pre-warm replica processes for %s", device)
 
     def heartbeat(self) -> None:
         cached, cache_bytes = self._cache()

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO
 
-from worker.child_protocol import FROM_CHILD, Hello
+from worker.child_protocol import FROM_CHILD, Hello, SetupFailed
 from worker.frames import FrameError, FrameSocket
 
 HELLO_TIMEOUT_S = 120.0
@@ -96,6 +96,8 @@ def _await_hello(conn: FrameSocket, timeout_s: float) -> Hello:
         ) from None
     finally:
         conn.sock.settimeout(None)
+    if isinstance(msg, SetupFailed):
+        raise SpawnError(f"the replica process could not start: {msg.error}")
     if not isinstance(msg, Hello):
         raise SpawnError(f"the replica process sent {msg.type!r} before hello")
     return msg

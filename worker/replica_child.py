@@ -131,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spawned-at", type=float, default=T_ENTRY_S)
     args = parser.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
-    phases = _generic_start(args.device, args.spawned_at)
+    try:
+        phases = _generic_start(args.device, args.spawned_at)
+    except Exception as exc:  # e.g. CUDA asked for on a machine without it
+        _report_start_failure(sock, exc)
+        return 1
 
     from worker.child_protocol import Hello, dump
     from worker.frames import FrameSocket
@@ -140,6 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     conn.send(dump(Hello(pid=os.getpid(), device=args.device, phases_ms=phases)))
     ChildServer(conn).serve()
     return 0
+
+
+def _report_start_failure(sock: socket.socket, exc: Exception) -> None:
+    """Tell the agent why the generic start failed, instead of a bare exit."""
+    from worker.child_protocol import SetupFailed, dump
+    from worker.frames import FrameSocket
+    from worker.specialize import format_error
+
+    FrameSocket(sock).send(dump(SetupFailed(error=format_error(exc))))
 
 
 if __name__ == "__main__":

@@ -97,6 +97,10 @@ class Runtime(abc.ABC):
     def start(self, spec: ReplicaSpec, on_exit: OnExit) -> ReplicaHandle:
         """Start and specialize a replica; block until it is ready."""
 
+    def prewarm_device(self, device: str) -> None:
+        """Get ready to start replicas on ``device`` fast (blocking); default: nothing."""
+        return None
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release what the runtime holds (warm processes); replicas are stopped by the agent."""

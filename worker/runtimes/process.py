@@ -68,6 +68,9 @@ class ProcessRuntime(Runtime):
         replica.specialize(spec, phases)
         return replica
 
+    def prewarm_device(self, device: str) -> None:
+        self.pool.prewarm(device)
+
     def close(self) -> None:
         self.pool.close()
 
