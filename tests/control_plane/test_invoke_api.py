@@ -197,3 +197,39 @@ def test_deadline_without_any_worker_says_why(cp: ControlPlane) -> None:
         )
         assert r.status_code == 504
         assert "needs a CUDA device" in r.json()["detail"]
+
+
+def test_stream_deadline_ends_with_error_event(cp: ControlPlane) -> None:
+    cp.worker()
+    cp.deploy("echo")
+    with (
+        cp.client() as c,
+        c.stream(
+            "POST",
+            "/v1/functions/echo/invoke",
+            json={"input": {"sleep_s": 3}},
+            headers={"Accept": "text/event-stream", "X-Thaw-Deadline-Ms": "500"},
+        ) as r,
+    ):
+        text = "".join(r.iter_text())
+    assert r.status_code == 200
+    assert text.startswith("event: error\n") and "deadline" in text
+
+
+def test_worker_events_after_final_or_stale_or_newer_protocol(cp: ControlPlane) -> None:
+    cp.worker()
+    cp.deploy("echo")
+    with cp.client() as c, cp.client(cp.key("worker")) as w:
+        call_id = c.post("/v1/functions/echo/invoke", json={"input": 1}).json()["call_id"]
+        late = {"attempt": 1, "kind": "failed", "error": "late"}
+        r = w.post(f"/v1/calls/{call_id}/events", json=late)
+        assert r.status_code == 409 and "already succeeded" in r.json()["detail"]
+        assert c.get(f"/v1/calls/{call_id}").json()["status"] == "succeeded"
+        r = w.post(f"/v1/calls/{call_id}/events", json={"v": 2, "kind": "started"})
+        assert r.status_code == 422 and "protocol version 2" in r.text
+        r = w.post("/v1/calls/nosuch/events", json={"kind": "started"})
+        assert r.status_code == 404
+        r = w.post("/v1/replicas/nosuch/events", json={"state": "ready"})
+        assert r.status_code == 404
+        r = w.post("/v1/workers/nosuch/heartbeat", json={})
+        assert r.status_code == 404 and "register" in r.json()["detail"]
