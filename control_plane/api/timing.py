@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 from control_plane.services.calls import CallView
 
@@ -31,5 +32,9 @@ def call_headers(
     return headers
 
 
-def headers_for(view: CallView) -> dict[str, str]:
-    return call_headers(view.id, view.cold, view.phases_ms, view.timings_ms)
+def headers_for(view: CallView, since: float | None = None) -> dict[str, str]:
+    """Headers for ``view``; with ``since`` (a ``perf_counter`` reading at the start
+    of the request), Server-Timing also says how long this response took here
+    (``control_plane``), so the header is present even before any phase ran."""
+    handled = {} if since is None else {"control_plane": (time.perf_counter() - since) * 1000}
+    return call_headers(view.id, view.cold, view.phases_ms, {**view.timings_ms, **handled})

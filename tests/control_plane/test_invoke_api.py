@@ -58,6 +58,8 @@ def test_async_then_get_and_location(cp: ControlPlane) -> None:
         call_id = r.json()["call_id"]
         assert r.headers["Location"] == f"/v1/calls/{call_id}"
         assert r.headers["X-Thaw-Call-Id"] == call_id
+        assert r.headers["X-Thaw-Cold"] == "false"  # not known yet: nothing started for it
+        assert "control_plane;dur=" in r.headers["Server-Timing"]
         done = _wait_status(c, call_id, {"succeeded"})
         assert done["output"]["echo"] == {"sleep_s": 0.2}
         assert c.get(f"/v1/calls/{call_id}").headers["X-Thaw-Call-Id"] == call_id

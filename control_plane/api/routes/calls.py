@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
@@ -15,15 +17,19 @@ router = APIRouter(prefix="/v1/calls", tags=["calls"])
 
 @router.get("/{call_id}", response_model=CallPublic)
 def get_call(call_id: str, who: PrincipalDep, inv: InvocationsDep) -> JSONResponse:
+    since = time.perf_counter()
     view = inv.get(who, call_id)
-    return JSONResponse(CallPublic.of(view).model_dump(mode="json"), headers=headers_for(view))
+    body = CallPublic.of(view).model_dump(mode="json")
+    return JSONResponse(body, headers=headers_for(view, since))
 
 
 @router.delete("/{call_id}", response_model=CallPublic)
 def cancel_call(call_id: str, who: PrincipalDep, inv: InvocationsDep) -> JSONResponse:
     """Cancel unless already final; answers the call's (now) final state."""
+    since = time.perf_counter()
     view = inv.cancel(who, call_id)
-    return JSONResponse(CallPublic.of(view).model_dump(mode="json"), headers=headers_for(view))
+    body = CallPublic.of(view).model_dump(mode="json")
+    return JSONResponse(body, headers=headers_for(view, since))
 
 
 @router.post("/{call_id}/events", status_code=200, responses={409: {"description": "final"}})

@@ -10,6 +10,7 @@ Every response carries ``X-Thaw-Call-Id``, ``X-Thaw-Cold`` and ``Server-Timing``
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -27,9 +28,10 @@ router = APIRouter(prefix="/v1/functions", tags=["invoke"])
 STATUS_BY_FINAL = {"succeeded": 200, "failed": 500, "timeout": 504, "cancelled": 409}
 
 
-def final_response(view: CallView) -> JSONResponse:
+def final_response(view: CallView, since: float) -> JSONResponse:
     body = CallPublic.of(view).model_dump(mode="json")
-    return JSONResponse(body, STATUS_BY_FINAL.get(view.status, 200), headers=headers_for(view))
+    status = STATUS_BY_FINAL.get(view.status, 200)
+    return JSONResponse(body, status, headers=headers_for(view, since))
 
 
 @router.post(
@@ -47,20 +49,21 @@ def invoke(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
     x_thaw_deadline_ms: Annotated[float | None, Header(gt=0, le=86_400_000)] = None,
 ) -> JSONResponse | StreamingResponse:
+    since = time.perf_counter()
     stream = accept is not None and "text/event-stream" in accept
     req = CallRequest(body.input, body.adapter, stream, idempotency_key, x_thaw_deadline_ms)
     view, _ = inv.invoke(who, name, req)
     if prefer is not None and "respond-async" in prefer:
         accepted = CallAccepted(call_id=view.id, status=view.status).model_dump()
-        headers = {**headers_for(view), "Location": f"/v1/calls/{view.id}"}
+        headers = {**headers_for(view, since), "Location": f"/v1/calls/{view.id}"}
         return JSONResponse(accepted, 202, headers=headers)
     if stream:
         view = wait_dispatched(inv.activator, view.id)
         items = inv.activator.stream(view.id)
         return StreamingResponse(
-            _sse(items), media_type="text/event-stream", headers=headers_for(view)
+            _sse(items), media_type="text/event-stream", headers=headers_for(view, since)
         )
-    return final_response(inv.activator.wait_final(view.id))
+    return final_response(inv.activator.wait_final(view.id), since)
 
 
 def _sse(items: Iterator[StreamItem]) -> Iterator[bytes]:
