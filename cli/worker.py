@@ -6,6 +6,7 @@ import logging
 
 import typer
 
+from cli.control import fail
 from control_plane.settings import Settings
 
 
@@ -16,6 +17,7 @@ def worker(
 ) -> None:
     """Register with the control plane, run replicas, until Ctrl-C or SIGTERM."""
     from worker.bootstrap import MissingKeyError, serve
+    from worker.control_client import ControlPlaneError
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s worker %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per event is noise
@@ -23,6 +25,5 @@ def worker(
     settings = Settings(**overrides)  # type: ignore[arg-type]
     try:
         serve(settings)
-    except MissingKeyError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+    except (MissingKeyError, ControlPlaneError) as exc:
+        raise fail(str(exc)) from None

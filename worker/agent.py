@@ -116,6 +116,12 @@ class Agent:
             self.runtime.close()
             self.client.close()
 
+    def _reregister(self) -> None:
+        try:
+            self.register()
+        except ControlPlaneError as exc:
+            log.warning("registering again failed: %s", exc)
+
     def _prewarm(self, device: str) -> None:
         try:
             self.runtime.prewarm_device(device)
@@ -136,6 +142,8 @@ class Agent:
             reply = self.client.heartbeat(self.worker_id, msg)
         except ControlPlaneError as exc:
             log.warning("heartbeat failed: %s", exc)
+            if exc.status_code == 404:  # the control plane forgot us (a new database)
+                self._reregister()
             return
         self.manager.cancel(reply.cancel_call_ids)
         for replica_id in reply.stop_replica_ids:

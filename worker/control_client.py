@@ -28,7 +28,11 @@ RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 
 
 class ControlPlaneError(Exception):
-    """The control plane refused a request, or could not be reached in time."""
+    """The control plane refused a request (``status_code``), or could not be reached (None)."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
 
 
 class ControlPlaneClient:
@@ -90,14 +94,12 @@ class ControlPlaneClient:
                 if r.status_code < 300 or r.status_code in accept:
                     return r
                 if r.status_code not in RETRY_STATUS or attempt == attempts:
-                    raise ControlPlaneError(
-                        f"POST {path} was refused with {r.status_code}: {r.text[:500]}"
-                        + (
-                            " (check THAW_API_KEY: it needs scope worker)"
-                            if r.status_code in (401, 403)
-                            else ""
-                        )
-                    )
+                    raise ControlPlaneError(_refusal(path, r), r.status_code)
             self._sleep(delay_s)
             delay_s = min(delay_s * 2, 2.0)
         raise AssertionError("unreachable: the loop returns or raises")
+
+
+def _refusal(path: str, r: httpx.Response) -> str:
+    hint = " (check THAW_API_KEY: it needs scope worker)" if r.status_code in (401, 403) else ""
+    return f"POST {path} was refused with {r.status_code}: {r.text[:500]}{hint}"

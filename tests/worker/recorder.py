@@ -22,6 +22,7 @@ class Recorder:
         self.posts: list[tuple[str, dict[str, Any]]] = []
         self.final_call_ids = final_call_ids or set()  # answered 409
         self.heartbeat_reply: dict[str, Any] = {"cancel_call_ids": [], "stop_replica_ids": []}
+        self.heartbeat_status = 200
         self._cond = threading.Condition()
 
     def handler(self, request: httpx.Request) -> httpx.Response:
@@ -36,7 +37,7 @@ class Recorder:
                 json={"worker_id": body["worker_id"], "queue": "q", "heartbeat_interval_s": 0.2},
             )
         if path.endswith("/heartbeat"):
-            return httpx.Response(200, json=self.heartbeat_reply)
+            return httpx.Response(self.heartbeat_status, json=self.heartbeat_reply)
         if path.startswith("/v1/calls/") and path.split("/")[3] in self.final_call_ids:
             return httpx.Response(409, json={"detail": "final"})
         return httpx.Response(200, json={})

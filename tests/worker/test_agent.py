@@ -114,3 +114,14 @@ def test_heartbeat_orders_stop_a_replica(
     recorder.wait_for("/v1/replicas/r3/", lambda e: e["state"] == "ready")
     recorder.heartbeat_reply = {"cancel_call_ids": [], "stop_replica_ids": ["r3"]}
     recorder.wait_for("/v1/replicas/r3/", lambda e: e["state"] == "stopped")
+
+
+def test_an_unknown_worker_registers_again(
+    running: tuple[Agent, Recorder, CeleryDispatcher, threading.Event],
+) -> None:
+    _, recorder, _, _ = running
+    recorder.wait_for("/v1/workers/register", lambda e: True)
+    recorder.heartbeat_status = 404  # e.g. the control plane's database was reset
+    recorder.wait_for(
+        "/v1/workers/register", lambda e: len(recorder.events("/v1/workers/register")) >= 2
+    )
