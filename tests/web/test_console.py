@@ -75,7 +75,7 @@ def test_deploy_from_console_then_stream_and_see_it_in_the_charts(
 ) -> None:
     page: Any = console.page
     sign_in(console, platform.admin_key)
-    page.get_by_role("link", name="Deploy").click()
+    page.get_by_role("link", name="Deploy", exact=True).click()
     page.get_by_label("Code folder (with thaw.toml)").set_input_files(BUNDLES / "streamer")
     page.get_by_role("button", name="Upload code").click()
     page.get_by_role("alert").get_by_text("filled from its thaw.toml").wait_for()
@@ -178,7 +178,7 @@ def test_failed_deploy_and_failed_call_show_messages(console: Console, platform:
     deploy_via_api(platform, "failing")
     page: Any = console.page
     sign_in(console, platform.admin_key)
-    page.get_by_role("link", name="Deploy").click()
+    page.get_by_role("link", name="Deploy", exact=True).click()
     page.get_by_label("Code folder (with thaw.toml)").set_input_files(BUNDLES / "broken")
     page.get_by_role("button", name="Upload code").click()
     page.get_by_role("alert").get_by_text("filled from its thaw.toml").wait_for()

@@ -6,6 +6,7 @@ import { drawHistogram, drawWaterfall } from "../charts.js";
 import { field, formatMs, formatPercent, formatTime, h, replace } from "../dom.js";
 
 const RECENT_CALLS = 200;
+const REFRESH_MS = 5000; // stats and charts follow calls made from anywhere
 
 function statsList(s) {
   const item = (label, value) => h("div", {}, h("dt", {}, label), h("dd", {}, value));
@@ -236,4 +237,5 @@ export async function render(root, [name], ctx) {
     versionsCard(fn, ctx),
   );
   await refresh();
+  ctx.every(REFRESH_MS, refresh);
 }
