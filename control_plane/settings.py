@@ -32,6 +32,7 @@
 | reconcile_interval_s       | THAW_RECONCILE_INTERVAL_S    | 0.5                  |
 | result_poll_interval_s     | THAW_RESULT_POLL_INTERVAL_S  | 0.25 (other processes' results) |
 | deploy_validate_timeout_s  | THAW_DEPLOY_VALIDATE_TIMEOUT_S | 120                |
+| replica_start_timeout_s    | THAW_REPLICA_START_TIMEOUT_S | 900 (then the start counts as failed) |
 | worker_name                | THAW_WORKER_NAME             | (host name)          |
 | worker_dir                 | THAW_WORKER_DIR              | <home>/worker (id, code bundles; one per agent) |
 | worker_concurrency         | THAW_WORKER_CONCURRENCY      | 32 (Celery threads: calls + starts at once) |
@@ -90,6 +91,7 @@ class Settings(BaseSettings):
     reconcile_interval_s: float = 0.5
     result_poll_interval_s: float = 0.25
     deploy_validate_timeout_s: float = 120.0
+    replica_start_timeout_s: float = 900.0
     # --- worker agent (see worker/) ---
     worker_name: str | None = None
     worker_dir: Path | None = None

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 from control_plane.db.models import Call, Lock, Replica
 from control_plane.errors import NoCapacityError, NotFoundError
 from control_plane.metrics import Metrics
-from control_plane.protocol import RunCall, StartReplica, StopReplica
+from control_plane.protocol import ReplicaEvent, RunCall, StartReplica, StopReplica
 from control_plane.services import calls, functions, replicas, workers
 from control_plane.services.autoscaler import ScaleState, desired_replicas
 from control_plane.services.context import Services
@@ -79,6 +79,7 @@ class Reconciler:
                 lost = workers.mark_lost(session, self.s.metrics, now, self.s.worker_lost_after_s)
                 box.touched_calls += lost.touched_call_ids
                 box.touched_calls += self._expire(session, now)
+                box.touched_calls += self._give_up_slow_starts(session, now, box)
                 live_names = set(functions.names(session))
                 for name in live_names:
                     self._reconcile_function(session, functions.active(session, name), box)
@@ -195,6 +196,23 @@ class Reconciler:
                 session, self.s.metrics, now, call_id, "timeout", error="the call's deadline passed"
             )
         return list(late)
+
+    def _give_up_slow_starts(self, session: Session, now: float, box: Outbox) -> list[str]:
+        """Replicas not ready within ``replica_start_timeout_s`` count as failed starts
+        (a lost start message or a hung setup must not hold calls forever)."""
+        limit_s = self.s.settings.replica_start_timeout_s
+        slow = session.scalars(
+            select(Replica).where(
+                Replica.state.in_(("pending", "starting")), Replica.created_at < now - limit_s
+            )
+        ).all()
+        touched: list[str] = []
+        for r in slow:
+            error = f"the replica did not become ready within {limit_s:g} s"
+            ev = ReplicaEvent(state="failed", error=error)
+            touched += replicas.record_event(session, self.s.metrics, now, r.id, ev)
+            box.stops.append((r.worker_id, StopReplica(replica_id=r.id, reason=error)))
+        return touched
 
     def _drain_orphans(self, session: Session, live_names: set[str], box: Outbox) -> None:
         rows = session.scalars(

@@ -137,3 +137,16 @@ def test_worker_that_restarts_gets_its_running_calls_retried(cp: ControlPlane) -
         assert done["attempt"] == 2
         runs = [p for t, p in worker.received if t == "thaw.run_call" and p["call_id"] == call_id]
         assert [p["attempt"] for p in runs] == [1, 2]
+
+
+def test_replica_that_never_gets_ready_fails_the_waiting_call(
+    cp_factory: Callable[..., ControlPlane],
+) -> None:
+    cp = cp_factory(replica_start_timeout_s=0.5)
+    worker = cp.worker(start_delay_s=30)
+    cp.deploy("echo")
+    with cp.client() as c:
+        r = c.post("/v1/functions/echo/invoke", json={"input": 1})
+        assert r.status_code == 500
+        assert "did not become ready within 0.5 s" in r.json()["error"]
+    _wait(lambda: any(t == "thaw.stop_replica" for t, _ in worker.received))
