@@ -33,6 +33,7 @@ HTTP surface (all but ``/healthz`` need ``Authorization: Bearer thaw_…``)::
     POST   /v1/workers/register | /v1/workers/{id}/heartbeat          worker
     POST   /v1/replicas/{id}/events | /v1/calls/{id}/events           worker
     GET    /metrics (Prometheus)                                      admin
+    GET    /openapi.json (FastAPI's open /docs is off)                any key
     400 bad spec/missing model or adapter (named) · 401 no/bad key · 403 scope
     or function limit · 404 unknown · 409 in use/final · 413 body > max_body_bytes
     · 422 malformed body (field named) · 503 no worker can take a replica

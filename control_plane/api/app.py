@@ -124,7 +124,16 @@ def create_app(
             services.dispatcher.close()
             services.db.dispose()
 
-    app = FastAPI(title="thaw control plane", version="1", lifespan=lifespan)
+    # The OpenAPI document is served by routes/health.py behind a key, like
+    # everything but /healthz; FastAPI's own open /docs and /openapi.json are off.
+    app = FastAPI(
+        title="thaw control plane",
+        version="1",
+        lifespan=lifespan,
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+    )
     app.state.services = services
     app.state.reconciler = reconciler
     app.state.invocations = Invocations(services, reconciler)

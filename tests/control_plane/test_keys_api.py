@@ -72,3 +72,12 @@ def test_unknown_scope_is_422(cp: ControlPlane) -> None:
         r = c.post("/v1/keys", json={"scopes": ["root"]})
         assert r.status_code == 422
         assert "scopes" in r.text
+
+
+def test_openapi_document_needs_a_key_and_docs_are_off(cp: ControlPlane) -> None:
+    assert httpx.get(cp.base_url + "/openapi.json").status_code == 401
+    assert httpx.get(cp.base_url + "/docs").status_code == 404
+    with cp.client(cp.key("invoke")) as c:
+        doc = c.get("/openapi.json").json()
+    assert "/v1/functions/{name}/invoke" in doc["paths"]
+    assert "/openapi.json" not in doc["paths"]

@@ -25,7 +25,7 @@ def test_no_server_errors_on_any_operation(tmp_path: Path, cp_store: StoreFixtur
     settings_ = make_settings(tmp_path, f"sqlite:///{tmp_path / 'thaw.db'}", cp_store.root)
     app = create_app(settings_, dispatcher=InMemoryDispatcher(), run_loop=False)
     auth = {"Authorization": f"Bearer {app.state.bootstrap_admin_key}"}
-    schema = from_asgi("/openapi.json", app)
+    schema = from_asgi("/openapi.json", app, headers=auth)
     labels: list[str] = []
     statuses: list[int] = []
     try:

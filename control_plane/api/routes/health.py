@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from control_plane.api.deps import PrincipalDep, ServicesDep
@@ -22,3 +25,13 @@ def metrics(who: PrincipalDep, services: ServicesDep) -> Response:
     with services.db.session() as s:
         refresh_gauges(s, services.metrics)
     return Response(services.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/openapi.json", include_in_schema=False)
+def openapi(request: Request, who: PrincipalDep) -> dict[str, Any]:
+    """The OpenAPI document, for any valid key (schemathesis, client generators)."""
+    app = request.app
+    if app.openapi_schema is None:
+        app.openapi_schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    schema: dict[str, Any] = app.openapi_schema
+    return schema
