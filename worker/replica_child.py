@@ -108,6 +108,8 @@ class ChildServer:
             timings["execution"] = (time.perf_counter() - t0) * 1000
             timings.setdefault("first_output", timings["execution"])
             self.conn.send(dump(Result(call_id=msg.call_id, output=result, timings_ms=timings)))
+            if self.replica.profile is not None:
+                self.replica.profile.save_once()  # after the answer: off the caller's clock
         except Exception as exc:
             timings["execution"] = (time.perf_counter() - t0) * 1000
             err = CallError(call_id=msg.call_id, error=format_error(exc), timings_ms=timings)

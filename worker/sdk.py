@@ -76,6 +76,8 @@ class Context:
     adapters: dict[str, Adapter] = field(default_factory=dict)
     function: str = ""
     replica_id: str = ""
+    # Set by the worker: told of every module filled, to record its first forward pass.
+    on_fill: Callable[[Any], None] | None = field(default=None, repr=False)
 
     def fill_module(self, module: Any, *, strict: bool = True) -> Any:
         """Make ``weights`` the state of ``module`` built on the meta device.
@@ -84,12 +86,18 @@ class Context:
         tied weights are re-tied and non-persistent buffers (rotary
         frequencies) rebuilt. Returns the snapshotter's ``ModuleLoadResult``;
         with ``strict`` a name mismatch raises ``StateDictMismatchError``.
+        The first call's forward pass through it becomes the model's
+        prefetch profile (its next cold start fetches those tensors first).
         """
         import torch
 
         from snapshotter.module_fill import fill_module
 
-        return fill_module(module, self.weights, torch.device(self.device), strict=strict)  # type: ignore[arg-type]
+        device = torch.device(self.device)
+        result = fill_module(module, self.weights, device, strict=strict)  # type: ignore[arg-type]
+        if self.on_fill is not None:
+            self.on_fill(module)
+        return result
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from worker.artifacts import (
     read_json_file,
 )
 from worker.child_protocol import ReplicaSpec
+from worker.profiling import FirstCallProfile
 from worker.sdk import Adapter, Context, accepts_call_context
 
 TRACEBACK_TAIL_LINES = 12
@@ -50,6 +51,7 @@ class Specialized:
     ctx: Context
     pass_call_context: bool
     phases_ms: dict[str, float] = field(default_factory=dict)
+    profile: FirstCallProfile | None = None
 
 
 def format_error(exc: BaseException) -> str:
@@ -83,8 +85,9 @@ def _specialize(spec: ReplicaSpec, phases_ms: dict[str, float]) -> Specialized:
     with _phase(phases_ms, "imports"):
         cls = load_entry(code_dir(spec), spec.entry)
     ctx = Context(device=spec.device, function=spec.function, replica_id=spec.replica_id)
+    profile = None
     if spec.model_digest or spec.adapters:
-        _load_model_and_adapters(spec, ctx, phases_ms)
+        profile = _load_model_and_adapters(spec, ctx, phases_ms)
     with _phase(phases_ms, "user_setup"):
         instance = cls()
         setup = getattr(instance, "setup", None)
@@ -92,7 +95,7 @@ def _specialize(spec: ReplicaSpec, phases_ms: dict[str, float]) -> Specialized:
             setup(ctx)
     if not callable(instance):
         raise TypeError(f"{spec.entry} instances are not callable; define __call__(self, input)")
-    return Specialized(instance, ctx, accepts_call_context(instance.__call__), phases_ms)
+    return Specialized(instance, ctx, accepts_call_context(instance.__call__), phases_ms, profile)
 
 
 def code_dir(spec: ReplicaSpec) -> Path:
@@ -124,11 +127,14 @@ def load_entry(directory: Path, entry: str) -> type:
     return cls
 
 
-def _load_model_and_adapters(spec: ReplicaSpec, ctx: Context, phases_ms: dict[str, float]) -> None:
+def _load_model_and_adapters(
+    spec: ReplicaSpec, ctx: Context, phases_ms: dict[str, float]
+) -> FirstCallProfile | None:
     if spec.store is None:
         raise ValueError("the replica spec names a model but no store to read it from")
     registry = open_registry(spec.store)
     loader = WeightLoader(registry, spec.store)
+    profile = None
     if spec.model_digest:
         files_root = Path(spec.store.bundles_dir) / "models"
         ctx.files = materialize(registry, spec.model_digest, files_root)
@@ -137,12 +143,15 @@ def _load_model_and_adapters(spec: ReplicaSpec, ctx: Context, phases_ms: dict[st
         weights = loader.load(spec.model_digest, spec.device)
         _add_phases(phases_ms, weights)
         ctx.weights = weights.tensors
+        profile = FirstCallProfile(registry, spec.model_digest)
+        ctx.on_fill = profile.watch
     with _phase(phases_ms, "adapters"):
         for ref in spec.adapters:
             loaded = loader.load(ref.digest, spec.device)
             manifest = registry.get_manifest(ref.digest)
             config = read_json_file(registry, manifest, "adapter_config.json")
             ctx.adapters[ref.name] = Adapter(ref.name, loaded.tensors, config)
+    return profile
 
 
 def _add_phases(phases_ms: dict[str, float], weights: LoadedWeights) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,15 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "textgen"
 PROMPT = {"prompt": "The quick brown fox", "max_tokens": 12}
 
 
+@dataclass
+class Example:
+    replica: ProcessReplica
+    registry: Registry
+    model_digest: str
+
+
 @pytest.fixture(scope="module")
-def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessReplica]:
+def example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Example]:
     tmp = tmp_path_factory.mktemp("example")
     dirs = build_all(tmp / "built")
     config = StoreConfig(url=str(tmp / "store"))
@@ -47,9 +55,14 @@ def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessReplica
     )
     runtime = ProcessRuntime()
     handle = runtime.start(spec, lambda *_: None)
-    yield handle
+    yield Example(handle, registry, model.digest)
     handle.stop()
     runtime.close()
+
+
+@pytest.fixture
+def replica(example: Example) -> ProcessReplica:
+    return example.replica
 
 
 def call(replica: ProcessReplica, input: object, **kw: object) -> list[CallUpdate]:
@@ -86,3 +99,12 @@ def test_unknown_adapter_and_bad_input_fail_the_call_only(replica: ProcessReplic
     [bad] = call(replica, {"text": "no prompt"})
     assert bad.kind == "failed" and "prompt" in (bad.error or "")
     assert call(replica, PROMPT)[0].kind == "succeeded"
+
+
+def test_first_call_records_the_prefetch_profile(example: Example) -> None:
+    assert call(example.replica, PROMPT)[0].kind == "succeeded"
+    order = example.registry.get_profile(example.model_digest)
+    assert order is not None
+    # The forward pass's order: embeddings first, the output head last.
+    assert order[0] == "model.embed_tokens.weight"
+    assert order.index("model.layers.0.self_attn.q_proj.weight") < order.index("lm_head.weight")
