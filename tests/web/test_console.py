@@ -274,6 +274,11 @@ def test_roll_back_in_one_click(console: Console, platform: Platform) -> None:
     console.assert_clean()
 
 
+UNLABELED_CONTROLS = """() => [...document.querySelectorAll('input, select, textarea')]
+    .filter(el => !(el.labels && el.labels.length) && !el.getAttribute('aria-label'))
+    .map(el => el.outerHTML)"""
+
+
 @pytest.mark.parametrize("width", [1280, 768])
 def test_usable_at_width_and_by_keyboard(console: Console, platform: Platform, width: int) -> None:
     deploy_via_api(platform, "listed")
@@ -282,12 +287,29 @@ def test_usable_at_width_and_by_keyboard(console: Console, platform: Platform, w
     # Sign in with the keyboard only.
     page.keyboard.type(platform.admin_key)  # the key field has focus on load
     page.keyboard.press("Enter")
-    page.get_by_role("link", name="Functions").wait_for()
-    for name in ("Functions", "Deploy", "Models & adapters", "Workers", "Keys"):
-        page.get_by_role("link", name=name).wait_for()
+    headings = {
+        "Functions": "Functions",
+        "Deploy": "Deploy a function",
+        "Models & adapters": "Models and adapters",
+        "Workers": "Workers",
+        "Keys": "API keys",
+    }
+    for section, heading in headings.items():
+        page.get_by_role("link", name=section, exact=True).click()
+        page.get_by_role("heading", name=heading, exact=True).wait_for()
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, f"{section} scrolls sideways by {overflow} px at {width} px"
+        assert page.evaluate(UNLABELED_CONTROLS) == [], f"{section} has unlabeled controls"
     open_function(console, platform, "listed")
+    # Each page, once drawn, puts focus on its heading.
+    page.wait_for_function("document.activeElement.tagName === 'H2'")
     overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
-    assert overflow <= 0, f"the page scrolls sideways by {overflow} px at {width} px"
+    assert overflow <= 0, f"the function page scrolls sideways by {overflow} px at {width} px"
+    # The skip link moves focus to the content without changing the page.
+    page.locator("a.skip").focus()
+    page.keyboard.press("Enter")
+    assert page.evaluate("document.activeElement.id") == "main"
+    assert page.url.endswith("#/function/listed")
     # Tab reaches the Invoke button, and focus is drawn.
     page.get_by_label("Input (JSON)").focus()
     for _ in range(6):
@@ -297,11 +319,6 @@ def test_usable_at_width_and_by_keyboard(console: Console, platform: Platform, w
     assert page.evaluate("document.activeElement.textContent") == "Invoke"
     outline = page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
     assert outline not in ("", "none")
-    unlabeled = page.evaluate(
-        """() => [...document.querySelectorAll('input, select, textarea')]
-              .filter(el => !(el.labels && el.labels.length) && !el.getAttribute('aria-label'))
-              .map(el => el.outerHTML)"""
-    )
-    assert unlabeled == []
+    assert page.evaluate(UNLABELED_CONTROLS) == []
     console.screenshot(f"function-{width}px")
     console.assert_clean()

@@ -182,4 +182,9 @@ window.addEventListener("unhandledrejection", (e) => {
   error(e.reason);
 });
 document.getElementById("signout").addEventListener("click", () => signOut());
+// The skip link moves focus; letting it set location.hash would count as a route.
+document.querySelector(".skip").addEventListener("click", (e) => {
+  e.preventDefault();
+  main.focus();
+});
 route();
