@@ -106,6 +106,15 @@ class AdapterSpec(BaseModel):
     digest: str
 
 
+class ContainerOptions(BaseModel):
+    """Set for ``runtime = "docker"`` functions: the worker's Docker runtime runs the replica."""
+
+    image: str
+    network: bool = False
+    memory_bytes: int | None = None
+    cpus: float | None = None
+
+
 class StartReplica(Message):
     replica_id: str
     function: str
@@ -117,6 +126,7 @@ class StartReplica(Message):
     device: Device = "cpu"
     timeout_s: float = 300.0
     env: dict[str, str] = Field(default_factory=dict)
+    container: ContainerOptions | None = None
 
 
 class StopReplica(Message):

@@ -37,6 +37,8 @@
 | worker_dir                 | THAW_WORKER_DIR              | <home>/worker (id, code bundles; one per agent) |
 | worker_concurrency         | THAW_WORKER_CONCURRENCY      | 32 (Celery threads: calls + starts at once) |
 | worker_pool_size           | THAW_WORKER_POOL_SIZE        | 0 (pre-warmed generic replica processes per device) |
+| docker_url                 | THAW_DOCKER_URL              | unix:///var/run/docker.sock |
+| docker_warm_size           | THAW_DOCKER_WARM_SIZE        | 0 (warm containers per image) |
 
 Settings are read once per process, at its entry point, and passed down.
 """
@@ -97,6 +99,8 @@ class Settings(BaseSettings):
     worker_dir: Path | None = None
     worker_concurrency: int = Field(default=32, ge=1)
     worker_pool_size: int = Field(default=0, ge=0)
+    docker_url: str = "unix:///var/run/docker.sock"
+    docker_warm_size: int = Field(default=0, ge=0)
 
     def store_config(self, override: str | None = None) -> StoreConfig:
         url = override or self.store or str(self.home / "store")

@@ -22,6 +22,12 @@ On disk, next to the code, as ``thaw.toml`` (or ``thaw.yaml`` with the same keys
     [env]                          # passed to the replica process
     MY_FLAG = "1"
 
+    runtime = "docker"             # optional: run in a container (default "process")
+    image = "myimage:v1"           # pushed with `thaw images push myimage:v1`
+    network = false                # containers have no network unless true
+    memory_bytes = 4294967296      # optional container limits
+    cpus = 2.0
+
 ``thaw deploy DIR`` pushes DIR to the store as a bundle artifact (through the
 snapshotter; ``thaw.toml`` included) and sends the spec with ``bundle`` set
 to the bundle's manifest digest. The API never receives code itself.
@@ -75,6 +81,20 @@ class FunctionSpec(BaseModel):
     timeout_s: float = Field(default=300.0, gt=0, le=86400)
     retries: int = Field(default=0, ge=0, le=10)
     env: dict[str, str] = Field(default_factory=dict)
+    # runtime = "docker": the replica runs in a container over IMAGE (`thaw images push`)
+    runtime: Literal["process", "docker"] = "process"
+    image: str | None = Field(default=None, min_length=1, max_length=300)
+    network: bool = False  # containers get no network unless this is set
+    memory_bytes: int | None = Field(default=None, ge=64 << 20)
+    cpus: float | None = Field(default=None, gt=0, le=1024)
+
+    @model_validator(mode="after")
+    def _image_with_docker(self) -> FunctionSpec:
+        if self.runtime == "docker" and not self.image:
+            raise ValueError('runtime = "docker" needs image = "NAME:TAG" (thaw images push)')
+        if self.runtime != "docker" and self.image:
+            raise ValueError('image is only used with runtime = "docker"; set runtime too')
+        return self
 
     @model_validator(mode="after")
     def _unique_adapter_names(self) -> FunctionSpec:

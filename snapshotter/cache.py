@@ -279,6 +279,8 @@ class DiskCache:
             os.utime(self.path(digest), ns=(now_ns, now_ns))
         except FileNotFoundError:
             return
+        except OSError:
+            pass  # a read-only cache (a container's view of the worker's): last use stays in RAM
         with self._lock:
             entry = self._entries.get(digest)
             if entry is not None:

@@ -22,7 +22,9 @@ from worker.consumer import BrokerConfig
 from worker.control_client import ControlPlaneClient
 from worker.inventory import CacheInventory
 from worker.pool import ProcessPool
+from worker.runtimes.base import Runtime
 from worker.runtimes.process import ProcessRuntime
+from worker.runtimes.routed import RoutedRuntime
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +83,25 @@ def agent_config(settings: Settings) -> AgentConfig:
 def build_agent(settings: Settings) -> Agent:
     config = agent_config(settings)
     registry = Registry(open_store(settings.store_config()))
-    runtime = ProcessRuntime(ProcessPool(config.pool_size))
+    runtime = RoutedRuntime(
+        ProcessRuntime(ProcessPool(config.pool_size)), lambda: _docker_runtime(settings, config)
+    )
     client = ControlPlaneClient(config.server_url, config.api_key)
     inventory = CacheInventory(settings.cache_config(), registry)
     return Agent(config, runtime, client, inventory)
+
+
+def _docker_runtime(settings: Settings, config: AgentConfig) -> Runtime:
+    from worker.runtimes.docker import DockerConfig, DockerRuntime
+
+    return DockerRuntime(
+        DockerConfig(
+            store=config.store,
+            state_dir=(config.state_dir / "containers").resolve(),
+            docker_url=settings.docker_url,
+            warm_size=settings.docker_warm_size,
+        )
+    )
 
 
 def serve(settings: Settings) -> None:

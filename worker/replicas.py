@@ -26,7 +26,7 @@ from control_plane.protocol import (
     StartReplica,
     StopReplica,
 )
-from worker.child_protocol import AdapterRef, ReplicaSpec, StoreSpec
+from worker.child_protocol import AdapterRef, ContainerSpec, ReplicaSpec, StoreSpec
 from worker.control_client import ControlPlaneClient, ControlPlaneError
 from worker.runtimes.base import CallRequest, CallUpdate, ReplicaHandle, ReplicaStartError, Runtime
 
@@ -127,6 +127,7 @@ class ReplicaManager:
             device="cuda" if msg.device == "cuda" else "cpu",
             env=dict(msg.env),
             store=self.store,
+            container=ContainerSpec(**msg.container.model_dump()) if msg.container else None,
         )
 
     def stop_by_id(self, replica_id: str, reason: str) -> None:

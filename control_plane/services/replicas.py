@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from control_plane.db.models import Call, Replica
 from control_plane.errors import NotFoundError
 from control_plane.metrics import Metrics
-from control_plane.protocol import AdapterSpec, ReplicaEvent, StartReplica
+from control_plane.protocol import AdapterSpec, ContainerOptions, ReplicaEvent, StartReplica
 from control_plane.services import calls
 from control_plane.services.functions import ActiveVersion
 from control_plane.services.router import ReplicaView
@@ -70,6 +70,16 @@ def create(
         device="cuda" if placement.device == "cuda" else "cpu",
         timeout_s=fn.spec.timeout_s,
         env=dict(fn.spec.env),
+        container=_container(fn),
+    )
+
+
+def _container(fn: ActiveVersion) -> ContainerOptions | None:
+    spec = fn.spec
+    if spec.runtime != "docker" or spec.image is None:
+        return None
+    return ContainerOptions(
+        image=spec.image, network=spec.network, memory_bytes=spec.memory_bytes, cpus=spec.cpus
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,7 +10,14 @@ from typing import Any
 
 import pytest
 
+from snapshotter.config import CacheConfig, StoreConfig
+from snapshotter.images import resolve_image
+from snapshotter.registry import Registry
+from snapshotter.stores import open_store
+from tests.fixtures.images import tree_listing
 from worker.child_protocol import ContainerSpec, ReplicaSpec, StoreSpec
+from worker.lazyfs.config import MountConfig
+from worker.lazyfs.mount import LazyMount
 from worker.runtimes.base import CallRequest, CallUpdate, ReplicaStartError
 from worker.runtimes.docker import DockerConfig, DockerReplica, DockerRuntime
 
@@ -86,8 +94,6 @@ def test_profile_saved_at_first_output_and_followed_next_start(runtime: DockerRu
         assert first.profile_saved()
     finally:
         first.stop()
-    from snapshotter.images import resolve_image
-
     digest = resolve_image(runtime.registry, "base:v1")
     profile = runtime.registry.get_profile(digest)
     assert profile, "the first start recorded no profile"
@@ -143,3 +149,43 @@ def test_prewarmed_container_joins_the_pool(store_spec: StoreSpec, tmp_path: Pat
 def test_unknown_image_fails_the_start(runtime: DockerRuntime) -> None:
     with pytest.raises(ReplicaStartError, match="thaw images push"):
         runtime.start(spec(image="nope:v1"), Exits())
+
+
+ENGINE_PATHS = ("dev", "proc", "sys", ".dockerenv", "etc/hosts", "etc/hostname", "etc/resolv.conf")
+
+
+def test_lazy_mount_matches_the_engines_own_extraction(
+    image_store: StoreConfig, engine_image: str, tmp_path: Path
+) -> None:
+    """``docker export`` of the image is the ground truth; the mount must match it byte for byte."""
+    exported = tmp_path / "exported"
+    exported.mkdir()
+    container = subprocess.run(
+        ["docker", "create", engine_image], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    try:
+        with subprocess.Popen(["docker", "export", container], stdout=subprocess.PIPE) as proc:
+            subprocess.run(["tar", "-C", str(exported), "-xpf", "-"], stdin=proc.stdout, check=True)
+    finally:
+        subprocess.run(["docker", "rm", container], capture_output=True, check=True)
+    registry = Registry(open_store(image_store))
+    config = MountConfig.for_store(
+        image_store,
+        CacheConfig(directory=tmp_path / "cache"),
+        mountpoint=str(tmp_path / "mnt"),
+        image_digest=resolve_image(registry, "base:v1"),
+        control_socket=str(tmp_path / "ctl.sock"),
+    )
+    with LazyMount.start(config) as mount:
+        lazy = _without_engine_paths(tree_listing(mount.path))
+    expected = _without_engine_paths(tree_listing(exported))
+    assert len(expected) > 1000
+    assert lazy == expected
+
+
+def _without_engine_paths(listing: dict[str, tuple[object, ...]]) -> dict[str, tuple[object, ...]]:
+    return {
+        path: v
+        for path, v in listing.items()
+        if not any(path == p or path.startswith(p + "/") for p in ENGINE_PATHS)
+    }

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import shutil
 import socket
 import sys
 import threading
@@ -34,7 +33,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import docker
 from docker.errors import DockerException, ImageNotFound
@@ -48,14 +47,16 @@ from worker.frames import FrameError, FrameSocket
 from worker.lazyfs.config import MountConfig
 from worker.lazyfs.mount import LazyMount, MountError
 from worker.lazyfs.tree import build_tree
-from worker.pool import GenericProcess
 from worker.runtimes.base import CallRequest, CallUpdate, OnExit, ReplicaStartError, Runtime
 from worker.runtimes.docker_launch import (
     ContainerPlan,
-    ContainerWait,
+    ContainerProcess,
+    Launched,
     placeholders,
     plan_container,
+    remove_workdir,
     skeleton_tar,
+    sock_dir,
 )
 from worker.runtimes.docker_stage import is_local, mirror_dir, mirror_spec, stage_artifacts
 from worker.runtimes.process import GENERIC_PHASES, ProcessReplica
@@ -82,37 +83,6 @@ class DockerConfig:
     docker_url: str = DEFAULT_DOCKER_URL
     warm_size: int = 0  # pre-warmed containers per (image, device, limits)
     hello_timeout_s: float = HELLO_TIMEOUT_S
-
-
-class ContainerProcess(GenericProcess):
-    """A generic replica in a container; ``kill`` also removes it and unmounts its image."""
-
-    def __init__(
-        self, container: Any, conn: FrameSocket, device: str, phases_ms: dict[str, float],
-        mount: LazyMount, workdir: Path,
-    ) -> None:  # fmt: skip
-        self.waiter = ContainerWait(container)
-        # ProcessReplica needs poll/wait/kill of a Popen; ContainerWait provides them.
-        super().__init__(cast(Any, self.waiter), conn, device, phases_ms)
-        self.container = container
-        self.mount = mount
-        self.workdir = workdir
-        self._lock = threading.Lock()
-        self._gone = False
-
-    def kill(self) -> None:
-        with self._lock:
-            if self._gone:
-                return
-            self._gone = True
-        self.waiter.kill()
-        with contextlib.suppress(Exception):
-            self.waiter.wait(timeout=10)
-        with contextlib.suppress(DockerException):
-            self.container.remove(force=True)
-        self.conn.close()
-        self.mount.unmount()
-        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 class DockerReplica(ProcessReplica):
@@ -144,21 +114,6 @@ class DockerReplica(ProcessReplica):
 
     def profile_saved(self, timeout_s: float = 10.0) -> bool:
         return self._profile_saved.wait(timeout_s)
-
-
-@dataclass
-class Launched:
-    """A container over a lazy mount, started by ``DockerRuntime.launch``."""
-
-    container: Any
-    mount: LazyMount
-    workdir: Path
-
-    def close(self) -> None:
-        with contextlib.suppress(DockerException):
-            self.container.remove(force=True)
-        self.mount.unmount()
-        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 class DockerRuntime(Runtime):
@@ -245,18 +200,18 @@ class DockerRuntime(Runtime):
         """Mount the image and start a generic replica in a container; wait for hello."""
         t0 = time.perf_counter()
         workdir = self.config.state_dir / uuid.uuid4().hex[:12]
-        (workdir / "sock").mkdir(parents=True)
+        sock_dir(workdir).mkdir(parents=True)
         mount, plan, skeleton = self._prepare(container, device, workdir)
         image_fetch_ms = (time.perf_counter() - t0) * 1000
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            listener.bind(str(workdir / "sock" / "replica.sock"))
+            listener.bind(str(sock_dir(workdir) / "replica.sock"))
             listener.listen(1)
             handle = self._run(skeleton, plan)
         except BaseException:
             listener.close()
             mount.unmount()
-            shutil.rmtree(workdir, ignore_errors=True)
+            remove_workdir(workdir)
             raise
         try:
             conn, hello = self._await_hello(listener, handle)
@@ -264,7 +219,7 @@ class DockerRuntime(Runtime):
             with contextlib.suppress(DockerException):
                 handle.remove(force=True)
             mount.unmount()
-            shutil.rmtree(workdir, ignore_errors=True)
+            remove_workdir(workdir)
             raise
         finally:
             listener.close()
@@ -277,13 +232,13 @@ class DockerRuntime(Runtime):
         For benchmarks and diagnostics; the caller ends it with ``Launched.close``.
         """
         workdir = self.config.state_dir / uuid.uuid4().hex[:12]
-        (workdir / "sock").mkdir(parents=True)
+        sock_dir(workdir).mkdir(parents=True)
         mount, plan, skeleton = self._prepare(container, "cpu", workdir)
         try:
             handle = self._run(skeleton, dataclasses.replace(plan, command=command))
         except BaseException:
             mount.unmount()
-            shutil.rmtree(workdir, ignore_errors=True)
+            remove_workdir(workdir)
             raise
         return Launched(handle, mount, workdir)
 
@@ -304,13 +259,13 @@ class DockerRuntime(Runtime):
             MountConfig.for_store(
                 store_config(self.config.store), cache_config(self.config.store),
                 mountpoint=str(workdir / "root"), image_digest=digest,
-                control_socket=str(workdir / "control.sock"),
+                control_socket=str(sock_dir(workdir) / "control.sock"),
                 extra_dirs=extra_dirs, extra_files=extra_files,
             )
         )  # fmt: skip
         tree = build_tree(tree_base, extra_dirs=extra_dirs, extra_files=extra_files)
         plan = plan_container(
-            tree=tree, mountpoint=str(mount.path), socket_dir=str(workdir / "sock"),
+            tree=tree, mountpoint=str(mount.path), socket_dir=str(sock_dir(workdir)),
             python=self.config.python, host_paths=self.host_paths, data_ro=data_ro,
             data_rw=data_rw, child_args=["--device", device, "--spawned-at", repr(time.time())],
             env={}, network=container.network, memory_bytes=container.memory_bytes,

@@ -25,12 +25,21 @@ from __future__ import annotations
 
 import contextlib
 import io
+import shutil
 import subprocess
 import tarfile
+import tempfile
+import threading
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
+from docker.errors import DockerException
+
+from worker.frames import FrameSocket
+from worker.lazyfs.mount import LazyMount
 from worker.lazyfs.tree import Tree
+from worker.pool import GenericProcess
 
 CONTAINER_SOCKET_DIR = "/run/thaw"
 ENGINE_DIRS = ("proc", "sys", "dev")
@@ -187,3 +196,59 @@ class ContainerWait:
 
         with contextlib.suppress(APIError):  # already stopped or removed
             self.container.kill()
+
+
+class ContainerProcess(GenericProcess):
+    """A generic replica in a container; ``kill`` also removes it and unmounts its image."""
+
+    def __init__(
+        self, container: Any, conn: FrameSocket, device: str, phases_ms: dict[str, float],
+        mount: LazyMount, workdir: Path,
+    ) -> None:  # fmt: skip
+        self.waiter = ContainerWait(container)
+        # ProcessReplica needs poll/wait/kill of a Popen; ContainerWait provides them.
+        super().__init__(cast(Any, self.waiter), conn, device, phases_ms)
+        self.container = container
+        self.mount = mount
+        self.workdir = workdir
+        self._lock = threading.Lock()
+        self._gone = False
+
+    def kill(self) -> None:
+        with self._lock:
+            if self._gone:
+                return
+            self._gone = True
+        self.waiter.kill()
+        with contextlib.suppress(Exception):
+            self.waiter.wait(timeout=10)
+        with contextlib.suppress(DockerException):
+            self.container.remove(force=True)
+        self.conn.close()
+        self.mount.unmount()
+        remove_workdir(self.workdir)
+
+
+@dataclass
+class Launched:
+    """A container over a lazy mount, started by ``DockerRuntime.launch``."""
+
+    container: Any
+    mount: LazyMount
+    workdir: Path
+
+    def close(self) -> None:
+        with contextlib.suppress(DockerException):
+            self.container.remove(force=True)
+        self.mount.unmount()
+        remove_workdir(self.workdir)
+
+
+def sock_dir(workdir: Path) -> Path:
+    """Unix socket paths are capped at 107 bytes: keep them short, whatever the state dir."""
+    return Path(tempfile.gettempdir()) / f"thaw-{workdir.name}"
+
+
+def remove_workdir(workdir: Path) -> None:
+    shutil.rmtree(sock_dir(workdir), ignore_errors=True)
+    shutil.rmtree(workdir, ignore_errors=True)

@@ -6,8 +6,9 @@ will ask for:
 
 - the code bundle and the model's non-tensor files, materialized by digest
   under ``bundles_dir`` (the child finds them and skips the store);
-- every chunk of the model's and adapters' weights, in the worker's disk
-  chunk cache (the container mounts it read-only; its loader hits there);
+- every chunk and the manifest of the model and adapters, in the worker's
+  disk chunk cache (the container mounts it read-only; its loader hits there
+  and never needs to write);
 - for a non-local store, a local mirror holding the manifests and the
   chunks of small non-tensor files (``adapter_config.json``), which the
   child reads through its registry. The replica's ``StoreSpec`` then names
@@ -62,6 +63,8 @@ def stage_artifacts(registry: Registry, spec: ReplicaSpec, store: StoreSpec) -> 
     for digest in digests:
         manifest = registry.get_manifest(digest)
         fetched += _fill_cache(source, manifest)
+        if source.cache is not None and source.cache.get_manifest(digest) is None:
+            source.cache.put_manifest(digest, manifest.to_json())  # the loader looks here first
         if mirror is not None:
             _mirror(registry, mirror, manifest, digest)
     if mirror is not None and spec.bundle_digest:
