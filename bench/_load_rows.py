@@ -46,6 +46,7 @@ CATALOG: tuple[Row, ...] = (
     *_both("tensorizer", "tensorizer", "tensorizer TensorDeserializer", "tensorizer",
            needs_module="tensorizer"),
     *_both("thaw", "thaw", "thaw from disk cache", "thaw_cache"),
+    Row("thaw-ram", MEMORY, "thaw", "thaw from host-RAM tier (tmpfs)", "none"),
     Row("boto3-s3", S3, "boto3", "boto3 download_file + load_file", "none"),
     Row("thaw-s3", S3, "thaw", "thaw from S3, empty cache", "none"),
     Row("h2d", MEMORY, "h2d", "pinned host-to-device ceiling", "none", "cuda", True),
@@ -99,6 +100,8 @@ class Ratio:
 RATIOS: tuple[Ratio, ...] = (
     Ratio("thaw warm vs Run:ai warm", "thaw/warm", "runai/warm", 3.0),
     Ratio("thaw warm vs tensorizer warm", "thaw/warm", "tensorizer/warm", 3.0),
+    Ratio("thaw RAM tier vs Run:ai warm", "thaw-ram/memory", "runai/warm", 3.0),
+    Ratio("thaw RAM tier vs tensorizer warm", "thaw-ram/memory", "tensorizer/warm", 3.0),
     Ratio("thaw cold vs raw read cold", "thaw/cold", "read/cold", 0.9),
     Ratio("thaw S3 vs boto3 + load_file", "thaw-s3/s3", "boto3-s3/s3", 1.5),
 )

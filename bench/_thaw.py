@@ -4,6 +4,9 @@ Kept apart from the other methods because it follows thaw's own API
 (``snapshotter.push.push_directory``, ``snapshotter.loader.Snapshotter``),
 which the others do not import.
 
+A trial spec may name ``ram_tier_dir`` (a tmpfs directory): the loader then
+has the worker's host-RAM tier in front of its disk cache.
+
 A thaw store spec (JSON, passed to trial processes) is::
 
     {"url": "<dir> | s3://bucket/prefix", "endpoint_url": "http://127.0.0.1:PORT" | null}
@@ -22,6 +25,7 @@ if TYPE_CHECKING:
     from snapshotter.registry import Registry
 
 BENCH_REF = "bench/llama:latest"
+RAM_TIER_BYTES = 64 << 30  # the cap never binds: the bench holds one model
 
 
 def store_config(store: dict[str, Any]) -> Any:
@@ -67,11 +71,17 @@ def open_snapshotter(spec: dict[str, Any]) -> Snapshotter:
     boto3 row likewise builds its client untimed.
     """
     from snapshotter.cache import DiskCache
-    from snapshotter.config import CacheConfig, LoaderConfig
+    from snapshotter.config import CacheConfig, LoaderConfig, RamTierConfig
     from snapshotter.loader import Snapshotter
+    from snapshotter.ram_tier import RamTier
 
     cache = DiskCache(CacheConfig(directory=Path(spec["cache_dir"])))
-    return Snapshotter(open_registry(spec["store"]), cache, LoaderConfig())
+    tier = None
+    if spec.get("ram_tier_dir"):
+        tier = RamTier(
+            RamTierConfig(directory=Path(spec["ram_tier_dir"]), max_bytes=RAM_TIER_BYTES)
+        )
+    return Snapshotter(open_registry(spec["store"]), cache, LoaderConfig(), ram_tier=tier)
 
 
 def report_dict(report: Any) -> dict[str, Any]:

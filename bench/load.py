@@ -11,6 +11,7 @@ interleaved round-robin over the rows. How each row is measured, and what
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from collections.abc import Iterator
@@ -80,6 +81,7 @@ class BenchEnv:
     thaw_cache: Path | None = None
     raw_s3: RawUpload | None = None
     thaw_s3_store: dict[str, Any] | None = None
+    ram_tier_dir: Path | None = None
 
     def files_for(self, row: Row) -> list[Path]:
         if row.files == "model":
@@ -97,8 +99,22 @@ def _setup_thaw_local(env: BenchEnv, data_dir: Path) -> None:
     env.thaw_store = {"url": str(data_dir / "thaw-store"), "endpoint_url": None}
     push_model(env.model.directory, env.thaw_store)
     env.thaw_cache = data_dir / f"thaw-cache-{env.model.checksum:016x}"
-    # Fill the disk cache once (a load through it writes every chunk through).
+    # A new cache every run, filled by one load that writes every chunk through: the
+    # entries are then what the loader of this checkout writes, not an older one.
+    shutil.rmtree(env.thaw_cache, ignore_errors=True)
     run_fresh_process(TRIAL_MODULE, _thaw_spec(env, env.thaw_store, env.thaw_cache, "cpu"))
+
+
+def _setup_ram_tier(env: BenchEnv, stack: ExitStack) -> None:
+    """A host-RAM tier on tmpfs, filled by one load; removed when the bench ends."""
+    if env.thaw_store is None or env.thaw_cache is None:
+        raise RuntimeError("the RAM tier row needs the local thaw store; set it up first")
+    shm = Path("/dev/shm")
+    tier = (shm if shm.is_dir() else env.scratch) / f"thaw-bench-ram-{os.getpid()}"
+    stack.callback(shutil.rmtree, tier, ignore_errors=True)
+    env.ram_tier_dir = tier
+    spec = _thaw_spec(env, env.thaw_store, env.thaw_cache, "cpu")
+    run_fresh_process(TRIAL_MODULE, {**spec, "ram_tier_dir": str(tier)})
 
 
 def _setup_s3(env: BenchEnv, stack: ExitStack, rows: list[Row], console: Console) -> None:
@@ -124,9 +140,12 @@ def setup(opts: Options, rows: list[Row], stack: ExitStack, console: Console) ->
     families = {r.family for r in rows}
     if "tensorizer" in families:
         env.tensorizer_file = ensure_tensorizer_file(env.model, opts.data_dir)
-    if families & {"thaw", "thaw-cuda"}:
+    if families & {"thaw", "thaw-cuda", "thaw-ram"}:
         console.log("pushing the model to thaw's local store and filling its disk cache")
         _setup_thaw_local(env, opts.data_dir)
+    if "thaw-ram" in families:
+        console.log("filling thaw's host-RAM tier")
+        _setup_ram_tier(env, stack)
     if any(r.temperature == S3 for r in rows):
         _setup_s3(env, stack, rows, console)
     return env
@@ -160,6 +179,8 @@ def trial_spec(row: Row, env: BenchEnv, trial: int) -> Iterator[dict[str, Any]]:
         spec.update(_thaw_spec(env, env.thaw_s3_store, scratch / "cache", row.device))
     elif row.method == "thaw" and env.thaw_store and env.thaw_cache:
         spec.update(_thaw_spec(env, env.thaw_store, env.thaw_cache, row.device))
+        if row.family == "thaw-ram":
+            spec["ram_tier_dir"] = str(env.ram_tier_dir)
     try:
         yield spec
     finally:

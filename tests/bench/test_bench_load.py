@@ -35,22 +35,26 @@ def test_quick_run_reports_every_row_with_correct_bytes(tmp_path: Path) -> None:
     ran = [r for r in rows.values() if not r["skipped"]]
     assert {r["key"] for r in ran} >= {
         "read/cold", "read/warm", "memcpy/memory", "safetensors/cold", "runai/warm",
-        "tensorizer/warm", "thaw/cold", "thaw/warm", "boto3-s3/s3", "thaw-s3/s3",
+        "tensorizer/warm", "thaw/cold", "thaw/warm", "thaw-ram/memory", "boto3-s3/s3",
+        "thaw-s3/s3",
     }  # fmt: skip
     for r in ran:
         assert len(r["trials"]) == 1
         assert r["median_s"] > 0 and r["bytes"] > 0
+        assert r["trials"][0]["cpu_s"] >= 0 and r["trials"][0]["process_s"] > r["median_s"]
         assert r["checksum_ok"] in (True, None), r["key"]  # None: ceilings hold no tensors
     assert rows["thaw/warm"]["checksum_ok"] is True
     assert rows["thaw/cold"]["trials"][0]["resident_fraction"] < 0.5  # the drop happened
     assert rows["thaw/warm"]["trials"][0]["resident_fraction"] == 1.0
     assert rows["thaw/warm"]["thaw_report"]["store_bytes"] == 0  # served by the disk cache
     assert rows["thaw-s3/s3"]["thaw_report"]["cache_hit_bytes"] == 0  # empty cache each trial
+    ram = rows["thaw-ram/memory"]["thaw_report"]
+    assert ram["ram_tier_bytes"] == ram["tensor_bytes"] > 0  # served by the RAM tier
     for r in rows.values():
         if r["skipped"]:
             assert r["skipped"]  # a reason, e.g. "no CUDA device"
     assert [x["name"] for x in doc["ratios"]] == [r.name for r in RATIOS]
-    assert all(x["value"] is not None for x in doc["ratios"])
+    assert all(x["value"] is not None and x["cpu_value"] is not None for x in doc["ratios"])
 
 
 @pytest.mark.slow
