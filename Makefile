@@ -9,6 +9,7 @@ STAMP := $(VENV)/.installed
 .PHONY: up test install system-deps lint typecheck pytest bench clean
 
 $(STAMP): pyproject.toml
+	./scripts/system-deps.sh fuse3 libfuse3-dev pkg-config
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
@@ -17,9 +18,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Debian packages the suite needs (browser, docker engine, fuse); no-op when present.
+# Debian packages the suite needs beyond the install (docker engine, debootstrap
+# for test images, a browser); no-op when present.
 system-deps:
-	./scripts/system-deps.sh docker.io fuse3 libfuse3-dev pkg-config debootstrap chromium
+	./scripts/system-deps.sh docker.io debootstrap chromium
 	./scripts/start-dockerd.sh
 
 lint: install
@@ -32,7 +34,13 @@ typecheck: install
 pytest: install
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
-test: system-deps lint typecheck pytest
+# Every check runs even when an earlier one fails, so one run shows everything.
+test: system-deps install
+	@status=0; \
+	$(MAKE) --no-print-directory lint || status=1; \
+	$(MAKE) --no-print-directory typecheck || status=1; \
+	$(MAKE) --no-print-directory pytest || status=1; \
+	exit $$status
 
 up: install
 	$(VENV)/bin/thaw up
