@@ -56,6 +56,7 @@ WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"
 ENTRY_TYPES = ("file", "dir", "symlink", "hardlink", "fifo", "whiteout", "opaque")
 CONTENT_TYPES = ("file", "hardlink")
+MARKER_TYPES = ("whiteout", "opaque")
 
 
 @dataclass(frozen=True)
@@ -295,8 +296,14 @@ def read_layer(
             for member in tar:
                 entry = _read_member(tar, member, entries, sink, chunk_size_bytes)
                 if entry is not None:
-                    entries.pop(entry.path, None)  # a later duplicate wins, in its place
-                    entries[entry.path] = entry
+                    # Markers are keyed apart: ``d/.wh..wh..opq`` must not replace dir ``d``.
+                    key = (
+                        entry.path
+                        if entry.type not in MARKER_TYPES
+                        else f"{entry.type}:{entry.path}"
+                    )
+                    entries.pop(key, None)  # a later duplicate wins, in its place
+                    entries[key] = entry
     except tarfile.TarError as exc:
         raise BadArtifactError(f"layer is not a readable tar archive: {exc}") from None
     return LayerToc(tuple(entries.values()), chunk_size_bytes)
