@@ -51,7 +51,7 @@ def test_up_serves_the_example_and_ctrl_c_stops_everything(tmp_path: Path) -> No
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")))  # type: ignore[union-attr]
     reader.start()
     try:
-        wait_for(lambda: any("thaw is up" in line for line in lines), "thaw up", 300)
+        wait_for(lambda: any("Ctrl-C stops" in line for line in lines), "thaw up", 300)
         output = "".join(lines)
         assert "functions run on the CPU" in output or "GPU(s)" in output, output
         assert "curl -s" in output and "text/event-stream" in output
