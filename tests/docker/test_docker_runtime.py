@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from snapshotter.config import CacheConfig, StoreConfig
 from snapshotter.images import resolve_image
@@ -144,6 +145,17 @@ def test_prewarmed_container_joins_the_pool(store_spec: StoreSpec, tmp_path: Pat
             replica.stop()
     finally:
         rt.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_replica_gets_the_gpus_by_device_request(runtime: DockerRuntime) -> None:
+    replica = runtime.start(spec().model_copy(update={"device": "cuda"}), Exits())
+    try:
+        assert call(replica, {}).output["device"] == "cuda"
+        assert replica.process.container.attrs["HostConfig"]["DeviceRequests"]
+    finally:
+        replica.stop()
 
 
 def test_unknown_image_fails_the_start(runtime: DockerRuntime) -> None:

@@ -1,4 +1,9 @@
-"""How a replica container is laid out: the pure plan, the root skeleton, the waiter.
+"""A replica container's layout (the pure plan, the root skeleton) and its handles.
+
+``ContainerWait`` gives ``ProcessReplica`` the ``Popen`` calls it makes;
+``ContainerProcess`` is a generic replica in a container (its ``kill`` also
+removes the container and unmounts the image); ``Launched`` is a plain
+command over a lazy mount (benchmarks).
 
 The engine cannot run a container on an arbitrary directory, so a container
 "runs over" a lazy mount like this::
