@@ -36,7 +36,7 @@ Call life, as the worker reports it (one attempt)::
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -59,6 +59,14 @@ REPLICA_PHASES = (
     "user_setup",
     "first_output",
 )
+
+MAX_INT64 = 2**63 - 1
+MAX_INT32 = 2**31 - 1
+#: Sizes and counts fit the database's integer columns; times are finite.
+Bytes = Annotated[int, Field(ge=0, le=MAX_INT64)]
+Count = Annotated[int, Field(ge=0, le=MAX_INT32)]
+Attempt = Annotated[int, Field(ge=1, le=MAX_INT32)]
+Millis = Annotated[float, Field(allow_inf_nan=False)]
 
 Device = Literal["cpu", "cuda"]
 ReplicaState = Literal["starting", "ready", "failed", "stopped"]
@@ -136,7 +144,7 @@ class StopReplica(Message):
 
 class RunCall(Message):
     call_id: str
-    attempt: int = 1
+    attempt: Attempt = 1
     replica_id: str
     function: str
     input: Any = None
@@ -152,17 +160,17 @@ class RunCall(Message):
 class DeviceInfo(BaseModel):
     kind: str = Field(description='"cpu" or "cuda"')
     name: str = ""
-    memory_bytes: int = 0
+    memory_bytes: Bytes = 0
 
 
 class WorkerRegister(Message):
     worker_id: str
     name: str = ""
     devices: list[DeviceInfo] = Field(default_factory=list)
-    memory_bytes: int = 0
-    pool_size: int = 0
+    memory_bytes: Bytes = 0
+    pool_size: Count = 0
     cached_manifests: list[str] = Field(default_factory=list)
-    cache_bytes: int = 0
+    cache_bytes: Bytes = 0
 
 
 class WorkerRegistered(Message):
@@ -174,15 +182,15 @@ class WorkerRegistered(Message):
 class ReplicaReport(BaseModel):
     replica_id: str
     state: ReplicaState
-    outstanding_calls: int = 0
+    outstanding_calls: Count = 0
 
 
 class WorkerHeartbeat(Message):
     replicas: list[ReplicaReport] = Field(default_factory=list)
     cached_manifests: list[str] = Field(default_factory=list)
-    cache_bytes: int = 0
-    free_memory_bytes: int = 0
-    pool_size: int = 0
+    cache_bytes: Bytes = 0
+    free_memory_bytes: Bytes = 0
+    pool_size: Count = 0
     healthy: bool = True
 
 
@@ -193,13 +201,13 @@ class HeartbeatReply(Message):
 
 class ReplicaEvent(Message):
     state: ReplicaState
-    phases_ms: dict[str, float] = Field(default_factory=dict)
+    phases_ms: dict[str, Millis] = Field(default_factory=dict)
     error: str | None = None
 
 
 class CallEvent(Message):
-    attempt: int = 1
+    attempt: Attempt = 1
     kind: CallEventKind
     output: Any = None
     error: str | None = None
-    timings_ms: dict[str, float] = Field(default_factory=dict)
+    timings_ms: dict[str, Millis] = Field(default_factory=dict)

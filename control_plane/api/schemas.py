@@ -67,7 +67,9 @@ class FunctionPublic(BaseModel):
 class RollbackBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    version: int | None = Field(default=None, ge=1, description="default: the previous version")
+    version: int | None = Field(
+        default=None, ge=1, le=2**31 - 1, description="default: the previous version"
+    )
 
 
 class InvokeBody(BaseModel):

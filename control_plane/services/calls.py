@@ -93,7 +93,11 @@ def view(row: Call) -> CallView:
 
 
 def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    """Strict JSON (no NaN/Infinity, which no JSON client could read back)."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except ValueError as exc:
+        raise BadRequestError(f"inputs and outputs must be strict JSON: {exc}") from None
 
 
 def accept(

@@ -188,6 +188,16 @@ def test_bad_input_statuses(cp: ControlPlane) -> None:
         big = {"input": "x" * (cp.settings.max_body_bytes + 10)}
         assert c.post("/v1/functions/echo/invoke", json=big).status_code == 413
         assert c.get("/v1/calls/nosuch").status_code == 404
+        nan = b'{"input": NaN}'
+        r = c.post(
+            "/v1/functions/echo/invoke", content=nan, headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 400 and "strict JSON" in r.json()["detail"]
+        huge = {"worker_id": "w", "memory_bytes": 2**70}
+        r = c.post("/v1/workers/register", json=huge)
+        assert r.status_code == 422 and "memory_bytes" in r.text
+        r = c.post("/v1/functions/echo/rollback", json={"version": 2**70})
+        assert r.status_code == 422
 
 
 def test_deadline_without_any_worker_says_why(cp: ControlPlane) -> None:
