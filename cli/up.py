@@ -39,6 +39,7 @@ EXAMPLE_ARTIFACTS = {
     "poet": "textgen-poet:v1",
 }
 STOP_GRACE_S = 15.0
+UP_HEARTBEAT_INTERVAL_S = 1.0
 START_TIMEOUT_S = 180.0
 
 
@@ -59,6 +60,9 @@ def up(
         "THAW_SERVER_HOST": host,
         "THAW_SERVER_PORT": str(port),
     }
+    if "heartbeat_interval_s" not in settings.model_fields_set:
+        # One machine: a lost worker or a stopped replica is noticed within seconds.
+        env["THAW_HEARTBEAT_INTERVAL_S"] = str(UP_HEARTBEAT_INTERVAL_S)
     stop = threading.Event()
     with Children(home / "logs") as children, signals_set(stop):
         children.start("server", ["server", "--host", host, "--port", str(port)], env)
