@@ -115,27 +115,9 @@ class LayerToc:
 
 
 def _encode_entry(e: TocEntry) -> dict[str, Any]:
-    return {
-        "path": e.path,
-        "type": e.type,
-        "mode": e.mode,
-        "uid": e.uid,
-        "gid": e.gid,
-        "mtime": e.mtime,
-        "size": e.size,
-        "link": e.link,
-        "digest": e.digest,
-        "chunks": [
-            {
-                "digest": c.digest,
-                "offset": c.offset,
-                "size": c.size,
-                "stored_size": c.stored_size,
-                "codec": c.codec,
-            }
-            for c in e.chunks
-        ],
-    }
+    doc = {f.name: getattr(e, f.name) for f in dataclasses.fields(e) if f.name != "chunks"}
+    doc["chunks"] = [dataclasses.asdict(c) for c in e.chunks]
+    return doc
 
 
 def _decode_entry(d: dict[str, Any]) -> TocEntry:
