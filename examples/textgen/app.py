@@ -38,6 +38,7 @@ class TextGen:
             model = LlamaForCausalLM(config)
         ctx.fill_module(model)
         self.model = _with_adapters(model.eval(), ctx.adapters)
+        self.printable = _printable_mask(self.tokenizer, config.vocab_size)
         self.adapters = sorted(ctx.adapters)
         # One generation at a time: the active adapter is model state.
         self.lock = threading.Lock()
@@ -62,7 +63,8 @@ class TextGen:
             for _ in range(params["max_tokens"]):
                 out = self.model(input_ids=step_ids, past_key_values=past, use_cache=True)
                 past = out.past_key_values
-                next_id = _pick(out.logits[0, -1].float().cpu(), params["temperature"], generator)
+                logits = out.logits[0, -1].float().cpu() + self.printable
+                next_id = _pick(logits, params["temperature"], generator)
                 if next_id == self.tokenizer.eos_token_id:
                     break
                 produced.append(next_id)
@@ -93,6 +95,25 @@ def _params(input: Any) -> dict[str, Any]:
         "temperature": float(input.get("temperature", 0.0)),
         "seed": int(input.get("seed", 0)),
     }
+
+
+def _printable_mask(tokenizer: Any, vocab_size: int) -> torch.Tensor:
+    """0 for tokens that decode to printable text (and end-of-sequence), -inf for the rest.
+
+    The weights are random, so without this the model emits raw bytes and
+    control characters as often as words.
+    """
+    mask = torch.full((vocab_size,), float("-inf"))
+    special = set(tokenizer.all_special_ids)
+    for token_id in range(min(vocab_size, len(tokenizer))):
+        if token_id in special:
+            continue
+        text = tokenizer.decode([token_id])
+        if text and text.isprintable() and "\ufffd" not in text:
+            mask[token_id] = 0.0
+    if tokenizer.eos_token_id is not None:
+        mask[tokenizer.eos_token_id] = 0.0
+    return mask
 
 
 def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
