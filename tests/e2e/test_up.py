@@ -29,7 +29,8 @@ def descendants(pid: int) -> set[int]:
         except OSError:
             continue
         parents[int(stat.parent.name)] = int(fields[1])
-    found, frontier = set(), {pid}
+    found: set[int] = set()
+    frontier = {pid}
     while frontier:
         frontier = {p for p, parent in parents.items() if parent in frontier} - found
         found |= frontier

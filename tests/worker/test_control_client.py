@@ -13,7 +13,9 @@ def client(responses: list[int], seen: list[httpx.Request]) -> ControlPlaneClien
     def handler(request: httpx.Request) -> httpx.Response:
         seen.append(request)
         status = responses.pop(0) if responses else 200
-        body = {"cancel_call_ids": [], "stop_replica_ids": []} if status == 200 else {}
+        body: dict[str, list[str]] = (
+            {"cancel_call_ids": [], "stop_replica_ids": []} if status == 200 else {}
+        )
         return httpx.Response(status, json=body)
 
     return ControlPlaneClient(
