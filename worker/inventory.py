@@ -1,4 +1,9 @@
-"""What the worker tells the scheduler it holds: models whose chunks are all cached."""
+"""What the worker tells the scheduler it holds: models whose weights are all cached.
+
+A manifest counts as cached when every chunk of its tensor data is in the
+disk cache: those are what a load reads through the cache. (Headers and
+small files are read from the store directly and are not counted.)
+"""
 
 from __future__ import annotations
 
@@ -40,7 +45,7 @@ class CacheInventory:
 
     def _fully_cached(self, digest: str, held: frozenset[str]) -> bool:
         manifest = self._manifest(digest)
-        return manifest is not None and all(c in held for c in manifest.unique_chunks())
+        return manifest is not None and all(c in held for c in tensor_data_chunks(manifest))
 
     def _manifest(self, digest: str) -> Manifest | None:
         if digest not in self._manifests and self.registry is not None:
@@ -49,3 +54,12 @@ class CacheInventory:
             except SnapshotterError:
                 return None
         return self._manifests.get(digest)
+
+
+def tensor_data_chunks(manifest: Manifest) -> set[str]:
+    """Digests of the chunks holding the manifest's tensor bytes."""
+    out: set[str] = set()
+    for f in manifest.safetensors_files():
+        data_offset = f.safetensors.data_offset if f.safetensors else 0
+        out.update(c.digest for c in f.chunks if c.offset >= data_offset)
+    return out
