@@ -8,6 +8,11 @@ On disk, next to the code, as ``thaw.toml`` (or ``thaw.yaml`` with the same keys
     device = "any"                 # cpu | cuda | any
     timeout_s = 60                 # per call, seconds
     retries = 1                    # re-runs when a worker is lost mid-call
+    runtime = "docker"             # optional: run in a container (default "process")
+    image = "myimage:v1"           # pushed with `thaw images push myimage:v1`
+    network = false                # containers have no network unless true
+    memory_bytes = 4294967296      # optional container limits
+    cpus = 2.0                     # (top-level keys come before any [table])
 
     [[adapters]]                   # optional LoRA adapters, preloaded
     name = "fr"                    # what callers pass as "adapter"
@@ -21,12 +26,6 @@ On disk, next to the code, as ``thaw.toml`` (or ``thaw.yaml`` with the same keys
 
     [env]                          # passed to the replica process
     MY_FLAG = "1"
-
-    runtime = "docker"             # optional: run in a container (default "process")
-    image = "myimage:v1"           # pushed with `thaw images push myimage:v1`
-    network = false                # containers have no network unless true
-    memory_bytes = 4294967296      # optional container limits
-    cpus = 2.0
 
 ``thaw deploy DIR`` pushes DIR to the store as a bundle artifact (through the
 snapshotter; ``thaw.toml`` included) and sends the spec with ``bundle`` set
