@@ -29,8 +29,10 @@ import torch
 from bench._common import emit_result
 from bench._model import tensor_checksum
 
-READ_THREADS = 4
-READ_BLOCK_BYTES = 4 << 20
+# The raw-read ceiling reads with the parallelism and block size of thaw's own fetch
+# pool (16 threads, 8 MiB chunks): a ceiling must not be weaker than the loaders' I/O.
+READ_THREADS = 16
+READ_BLOCK_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
