@@ -185,13 +185,40 @@ class ReplicaReport(BaseModel):
     outstanding_calls: Count = 0
 
 
+Tier = Literal["device", "ram", "disk"]
+
+
+class TierHolding(BaseModel):
+    """How many of a manifest's weight bytes one tier of the worker holds now."""
+
+    tier: Tier
+    digest: str
+    bytes: Bytes
+
+
+class TierBandwidths(BaseModel):
+    """Measured read bandwidth per tier, bytes/s (``None``: not measured yet; the
+    scheduler then assumes its defaults, ``scheduler.DEFAULT_BANDWIDTHS``)."""
+
+    ram_bytes_per_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    disk_bytes_per_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    store_bytes_per_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+
+
 class WorkerHeartbeat(Message):
+    """``holdings``, ``bandwidths``, ``pool_idle`` and ``pool_busy`` are optional
+    (added in v1.1): an older worker omits them and is placed on defaults."""
+
     replicas: list[ReplicaReport] = Field(default_factory=list)
     cached_manifests: list[str] = Field(default_factory=list)
     cache_bytes: Bytes = 0
     free_memory_bytes: Bytes = 0
     pool_size: Count = 0
     healthy: bool = True
+    holdings: list[TierHolding] = Field(default_factory=list)
+    bandwidths: TierBandwidths = Field(default_factory=TierBandwidths)
+    pool_idle: Count | None = None
+    pool_busy: Count | None = None
 
 
 class HeartbeatReply(Message):
@@ -206,8 +233,13 @@ class ReplicaEvent(Message):
 
 
 class CallEvent(Message):
+    """``timings_ms`` may carry ``adapter_load`` (ms spent loading the call's
+    adapter); ``adapter_hit`` says whether the replica already held it
+    (``None``: no adapter, or not reported)."""
+
     attempt: Attempt = 1
     kind: CallEventKind
     output: Any = None
     error: str | None = None
     timings_ms: dict[str, Millis] = Field(default_factory=dict)
+    adapter_hit: bool | None = None

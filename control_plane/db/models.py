@@ -75,6 +75,8 @@ class Worker(Base):
     pool_size: Mapped[int] = mapped_column(Integer, default=0)
     cached_manifests_json: Mapped[str] = mapped_column(Text, default="[]")
     cache_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Tier holdings, measured bandwidths, pool idle/busy (protocol.WorkerHeartbeat).
+    inventory_json: Mapped[str] = mapped_column(Text, default="{}")
     healthy: Mapped[bool] = mapped_column(Boolean, default=True)
     lost: Mapped[bool] = mapped_column(Boolean, default=False)
     registered_at: Mapped[float] = mapped_column(Float)
@@ -94,6 +96,11 @@ class Replica(Base):
     adapters_json: Mapped[str] = mapped_column(Text, default="[]")
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
+    # The schedule phase is dispatched_at - requested_at (the oldest waiting
+    # call's acceptance, or the decision to start); kept apart from phases_json
+    # so the send never races the worker's events on that column.
+    requested_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    dispatched_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     ready_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     stopped_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 

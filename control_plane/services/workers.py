@@ -18,7 +18,7 @@ from control_plane.db.models import Call, Replica, Worker
 from control_plane.errors import NotFoundError
 from control_plane.metrics import Metrics
 from control_plane.protocol import HeartbeatReply, WorkerHeartbeat, WorkerRegister, worker_queue
-from control_plane.services import calls
+from control_plane.services import calls, inventory
 from control_plane.services.scheduler import WorkerSnapshot
 from control_plane.services.states import IN_FLIGHT_CALL_STATES, LIVE_REPLICA_STATES
 
@@ -68,6 +68,7 @@ def heartbeat(session: Session, now: float, worker_id: str, msg: WorkerHeartbeat
     row.cached_manifests_json = json.dumps(msg.cached_manifests)
     row.cache_bytes, row.free_memory_bytes = msg.cache_bytes, msg.free_memory_bytes
     row.pool_size, row.healthy, row.last_heartbeat_at = msg.pool_size, msg.healthy, now
+    row.inventory_json = inventory.encode(msg)
     row.lost = False
     known = {
         r.id: r.state
@@ -156,23 +157,31 @@ def snapshots(session: Session) -> list[WorkerSnapshot]:
         live_q = select(Replica.id).where(
             Replica.worker_id == w.id, Replica.state.in_(LIVE_REPLICA_STATES)
         )
-        live = session.scalars(live_q).all()
+        states = session.scalars(
+            select(Replica.state).where(
+                Replica.worker_id == w.id, Replica.state.in_(LIVE_REPLICA_STATES)
+            )
+        ).all()
         outstanding = session.scalar(
             select(func.count(Call.id)).where(
                 Call.replica_id.in_(live_q), Call.status.in_(_IN_FLIGHT)
             )
         )
         kinds = frozenset(d.get("kind", "cpu") for d in json.loads(w.devices_json)) | {"cpu"}
+        inv = inventory.decode(w.inventory_json)
         out.append(
             WorkerSnapshot(
                 id=w.id,
                 healthy=w.healthy,
                 device_kinds=kinds,
                 free_memory_bytes=w.free_memory_bytes,
-                replicas=len(live),
+                replicas=len(states),
                 max_replicas=MAX_REPLICAS_PER_WORKER,
                 outstanding_calls=int(outstanding or 0),
                 cached_manifests=frozenset(json.loads(w.cached_manifests_json)),
+                starting_replicas=sum(s in ("pending", "starting") for s in states),
+                holdings=inv.holdings,
+                bandwidths=inv.bandwidths,
             )
         )
     return out

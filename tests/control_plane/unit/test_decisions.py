@@ -9,7 +9,12 @@ from hypothesis import strategies as st
 from control_plane.errors import NoCapacityError
 from control_plane.services.autoscaler import ScaleState, desired_replicas
 from control_plane.services.router import CallRoute, ReplicaView, choose
-from control_plane.services.scheduler import ReplicaRequest, WorkerSnapshot, place
+from control_plane.services.scheduler import (
+    ReplicaRequest,
+    WorkerSnapshot,
+    estimated_start_s,
+    place,
+)
 
 
 def worker(wid: str, **kw: object) -> WorkerSnapshot:
@@ -29,7 +34,7 @@ def worker(wid: str, **kw: object) -> WorkerSnapshot:
 
 
 def test_place_prefers_worker_with_model_cached_over_less_loaded() -> None:
-    req = ReplicaRequest("f", "any", model_digest="blake3:aa", memory_bytes=10)
+    req = ReplicaRequest("f", "any", model_digest="blake3:aa", memory_bytes=2 << 30)
     ws = [worker("a"), worker("b", replicas=2, cached_manifests=frozenset({"blake3:aa"}))]
     p = place(req, ws)
     assert (p.worker_id, p.model_cached) == ("b", True)
@@ -81,7 +86,7 @@ workers_st = st.lists(
 
 
 @given(workers_st, st.sampled_from(["cpu", "cuda", "any"]), st.integers(0, 1000))
-def test_place_only_picks_fitting_workers_and_prefers_cache(
+def test_place_only_picks_fitting_workers_with_the_soonest_start(
     ws: list[WorkerSnapshot], device: str, need: int
 ) -> None:
     req = ReplicaRequest("f", device, model_digest="m", memory_bytes=need)
@@ -93,16 +98,15 @@ def test_place_only_picks_fitting_workers_and_prefers_cache(
     assert any(w.healthy and w.replicas < w.max_replicas for w in chosen)
     if device == "cuda":
         assert p.device == "cuda"
-    fitting_cached = [
+    fitting = [
         w
         for w in ws
         if w.healthy
         and w.replicas < w.max_replicas
         and (w.free_memory_bytes == 0 or w.free_memory_bytes >= need)
         and (device != "cuda" or "cuda" in w.device_kinds)
-        and "m" in w.cached_manifests
     ]
-    assert p.model_cached == bool(fitting_cached)
+    assert p.estimated_start_s == min(estimated_start_s(req, w) for w in fitting)
 
 
 # --- autoscaler ----------------------------------------------------------------
