@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
+from control_plane.protocol import MAX_INT32
 from control_plane.services.catalog_usage import ArtifactUsage
 from control_plane.services.fleet import WorkerInfo
 from control_plane.services.stats import FunctionStats, LatencySummary
@@ -129,7 +130,13 @@ class UploadPublic(BaseModel):
         )
 
 
+class WarmRequest(BaseModel):
+    replicas: int = Field(default=1, ge=1, le=MAX_INT32, description="live replicas wanted")
+
+
 class WarmPublic(BaseModel):
     function: str
     started_replica_id: str | None
+    started_replica_ids: list[str] = []
     live_replicas: int
+    requested_replicas: int = 1

@@ -23,10 +23,11 @@ from sqlalchemy import case, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from control_plane.db.models import Call, CallOutput
+from control_plane.db.models import Call, CallOutput, Replica
 from control_plane.errors import BadRequestError, ConflictError, NotFoundError
 from control_plane.metrics import Metrics
 from control_plane.protocol import FINAL_CALL_EVENTS, CallEvent
+from control_plane.services import coldstart
 from control_plane.services.functions import ActiveVersion
 from control_plane.services.keys import Principal
 from control_plane.services.states import (
@@ -210,8 +211,14 @@ def finalize(
     output: Any = None,
     error: str | None = None,
     timings_ms: dict[str, float] | None = None,
+    adapter_hit: bool | None = None,
 ) -> bool:
-    """Move a call to final ``status`` unless it already is final. True if this won."""
+    """Move a call to final ``status`` unless it already is final. True if this won.
+
+    The winner also completes the call's books: ``total`` (as the control
+    plane measured it, unless the worker reported one), a cold call's
+    ``first_output`` phase, and the metrics.
+    """
     assert status in FINAL_CALL_STATES, status
     values: dict[str, Any] = {
         "status": status,
@@ -234,14 +241,34 @@ def finalize(
         .execution_options(synchronize_session=False)
     )
     won = bool(result.rowcount == 1)  # type: ignore[attr-defined]
-    if won and metrics is not None:
-        row = session.get(Call, call_id)
-        if row is not None:
-            session.refresh(row)
-            metrics.call_latency_s.labels(row.function, str(row.cold).lower(), status).observe(
-                max(0.0, now - row.accepted_at)
-            )
+    if won:
+        _complete_books(session, metrics, now, call_id, status, adapter_hit)
     return won
+
+
+def _complete_books(
+    session: Session,
+    metrics: Metrics | None,
+    now: float,
+    call_id: str,
+    status: str,
+    adapter_hit: bool | None,
+) -> None:
+    row = session.get(Call, call_id)
+    if row is None:
+        return
+    session.refresh(row)
+    timings = json.loads(row.timings_json)
+    timings.setdefault("total", max(0.0, now - row.accepted_at) * 1000)
+    row.timings_json = json.dumps(timings)
+    replica = session.get(Replica, row.replica_id) if row.replica_id else None
+    coldstart.complete_cold_call(metrics, row, replica)
+    session.flush()
+    coldstart.observe_call(metrics, row, adapter_hit)
+    if metrics is not None:
+        metrics.call_latency_s.labels(row.function, str(row.cold).lower(), status).observe(
+            max(0.0, now - row.accepted_at)
+        )
 
 
 def record_event(
@@ -272,6 +299,7 @@ def record_event(
             output=ev.output,
             error=ev.error,
             timings_ms=ev.timings_ms,
+            adapter_hit=ev.adapter_hit,
         )
         if not won:
             raise ConflictError(f"call {call_id} is already final; stop sending for it")

@@ -31,7 +31,7 @@ from control_plane.db.models import Call, Lock, Replica
 from control_plane.errors import NoCapacityError, NotFoundError
 from control_plane.metrics import Metrics
 from control_plane.protocol import ReplicaEvent, RunCall, StartReplica, StopReplica
-from control_plane.services import calls, functions, replicas, workers
+from control_plane.services import calls, coldstart, functions, replicas, workers
 from control_plane.services.autoscaler import ScaleState, desired_replicas
 from control_plane.services.context import Services
 from control_plane.services.functions import ActiveVersion
@@ -122,7 +122,7 @@ class Reconciler:
         self, session: Session, call: Call, replica: Replica, fn: ActiveVersion, now: float
     ) -> bool:
         cold = replica.ready_at is not None and replica.ready_at >= call.accepted_at
-        phases = json.loads(replica.phases_json) if cold else {}
+        phases = coldstart.replica_phases(replica) if cold else {}
         timings = {**json.loads(call.timings_json), "queue_wait": (now - call.accepted_at) * 1000}
         result = session.execute(
             update(Call)
@@ -175,9 +175,16 @@ class Reconciler:
             return False
         self.s.placement_errors.pop(fn.name, None)
         schedule_ms = (time.perf_counter() - t0) * 1000
-        box.starts.append(
-            (placement.worker_id, replicas.create(session, now, fn, placement, schedule_ms))
+        log.debug(
+            "placing %s on %s: estimated start %.2f s, bytes from %s",
+            fn.name,
+            placement.worker_id,
+            placement.estimated_start_s,
+            placement.source_tier,
         )
+        requested_at = _oldest_queued_at(session, fn.name)
+        start = replicas.create(session, now, fn, placement, schedule_ms, requested_at)
+        box.starts.append((placement.worker_id, start))
         return True
 
     def _drain_if_idle(self, session: Session, r: Replica, reason: str, box: Outbox) -> None:
@@ -229,7 +236,9 @@ class Reconciler:
     def _send(self, box: Outbox) -> None:
         d = self.s.dispatcher
         for worker_id, start in box.starts:
-            if not _try(d.start_replica, worker_id, start):
+            if _try(d.start_replica, worker_id, start):
+                self._mark_sent(start.replica_id)
+            else:
                 self._fail_replica(start.replica_id)
         for worker_id, stop in box.stops:
             _try(d.stop_replica, worker_id, stop)
@@ -238,6 +247,10 @@ class Reconciler:
                 self._requeue(run.call_id)
         for call_id in box.touched_calls:
             self.s.notifier.notify(call_id)
+
+    def _mark_sent(self, replica_id: str) -> None:
+        with self.s.db.session() as session:
+            replicas.mark_dispatched(session, replica_id, self.s.clock())
 
     def _fail_replica(self, replica_id: str) -> None:
         with self.s.db.session() as session:
@@ -267,7 +280,8 @@ def _serialize_across_processes(session: Session) -> None:
 
 
 def refresh_gauges(session: Session, m: Metrics) -> None:
-    """Set the replica and queue-depth gauges from the database (ticks and scrapes)."""
+    """Set the replica, queue-depth and pool gauges from the database (ticks and scrapes)."""
+    workers.refresh_pool_gauges(session, m)
     m.replicas.clear()
     for (fn, state), n in replicas.counts_by_state(session).items():
         m.replicas.labels(fn, state).set(n)
@@ -310,6 +324,14 @@ def _count(session: Session, function: str, states: tuple[str, ...]) -> int:
         select(func.count(Call.id)).where(Call.function == function, Call.status.in_(states))
     )
     return int(n or 0)
+
+
+def _oldest_queued_at(session: Session, function: str) -> float | None:
+    """When the longest-waiting queued call was accepted: the start of its schedule phase."""
+    oldest = session.scalar(
+        select(func.min(Call.accepted_at)).where(Call.function == function, Call.status == "queued")
+    )
+    return float(oldest) if oldest is not None else None
 
 
 def _last_call_at(session: Session, function: str) -> float | None:

@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 import uuid
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call, Replica
 from control_plane.errors import NotFoundError
 from control_plane.metrics import Metrics
 from control_plane.protocol import AdapterSpec, ContainerOptions, ReplicaEvent, StartReplica
-from control_plane.services import calls
+from control_plane.services import calls, coldstart
 from control_plane.services.functions import ActiveVersion
 from control_plane.services.router import ReplicaView
 from control_plane.services.scheduler import Placement
@@ -41,9 +41,19 @@ _ALLOWED_FROM = {
 
 
 def create(
-    session: Session, now: float, fn: ActiveVersion, placement: Placement, schedule_ms: float
+    session: Session,
+    now: float,
+    fn: ActiveVersion,
+    placement: Placement,
+    schedule_ms: float,
+    requested_at: float | None = None,
 ) -> StartReplica:
-    """Record a pending replica; return the message to send once committed."""
+    """Record a pending replica; return the message to send once committed.
+
+    ``schedule_ms`` (the decision's own time) stands as the schedule phase
+    until :func:`mark_dispatched` records when the start was sent; from then
+    the phase runs from ``requested_at`` (default ``now``) to that send.
+    """
     replica_id = uuid.uuid4().hex
     session.add(
         Replica(
@@ -56,6 +66,7 @@ def create(
             phases_json=json.dumps({"schedule": schedule_ms}),
             adapters_json=json.dumps([a.name for a in fn.adapters]),
             created_at=now,
+            requested_at=now if requested_at is None else min(requested_at, now),
         )
     )
     session.flush()
@@ -71,6 +82,19 @@ def create(
         timeout_s=fn.spec.timeout_s,
         env=dict(fn.spec.env),
         container=_container(fn),
+    )
+
+
+def mark_dispatched(session: Session, replica_id: str, now: float) -> None:
+    """Record that the replica's ``StartReplica`` was sent (ends its schedule phase).
+
+    A column of its own, so this never races the worker's events on ``phases_json``.
+    """
+    session.execute(
+        update(Replica)
+        .where(Replica.id == replica_id, Replica.dispatched_at.is_(None))
+        .values(dispatched_at=now)
+        .execution_options(synchronize_session=False)
     )
 
 
@@ -97,6 +121,7 @@ def record_event(
     touched: list[str] = []
     if ev.state == "ready":
         row.ready_at = now
+        coldstart.observe_start(metrics, row)
         if metrics is not None:
             metrics.cold_starts.labels(row.function).inc()
     elif ev.state in ENDED_REPLICA_STATES:

@@ -6,8 +6,8 @@ version, because a new version would make the reconciler drain every replica
 of the old one. (Rolling back to an older version brings back that
 version's own scaling.)
 
-``warm`` starts one replica of the active version when the function has
-none live, placed by the same pure scheduler as any other start. The
+``warm`` starts replicas of the active version until N (default 1) are
+live, placed by the same pure scheduler as any other start. The
 replica then lives ``idle_timeout_s`` from the moment it is ready (the
 reconciler counts a replica becoming ready as activity), so a warm-up
 bought ahead of a burst is not undone by the next reconcile pass.
@@ -22,9 +22,11 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Function, FunctionVersion, Replica
-from control_plane.errors import NoCapacityError, NotFoundError
+from control_plane.errors import BadRequestError, NoCapacityError, NotFoundError
+from control_plane.protocol import StartReplica
 from control_plane.services import functions, replicas, workers
 from control_plane.services.context import Services
+from control_plane.services.functions import ActiveVersion
 from control_plane.services.scheduler import ReplicaRequest, place
 from control_plane.spec import FunctionSpec, Scaling
 
@@ -32,8 +34,14 @@ from control_plane.spec import FunctionSpec, Scaling
 @dataclass(frozen=True)
 class WarmResult:
     function: str
-    started_replica_id: str | None
+    started_replica_ids: list[str]
     live_replicas: int
+    requested_replicas: int
+
+    @property
+    def started_replica_id(self) -> str | None:
+        """The first replica this warm-up started (None when enough were live)."""
+        return self.started_replica_ids[0] if self.started_replica_ids else None
 
 
 def update_scaling(session: Session, name: str, scaling: Scaling) -> functions.FunctionInfo:
@@ -67,29 +75,68 @@ def _fail(services: Services, replica_id: str, error: str) -> None:
         )
 
 
-def warm(services: Services, name: str) -> WarmResult:
-    """Start a replica of ``name`` unless one is live. Raises ``NoCapacityError``."""
+def warm(services: Services, name: str, replicas_wanted: int = 1) -> WarmResult:
+    """Start replicas of ``name`` until ``replicas_wanted`` are live.
+
+    Each start is placed by the scheduler, seeing the ones placed before it.
+    Raises ``BadRequestError`` when more than ``max_replicas`` are asked for,
+    ``NoCapacityError`` when none could be started; when only some could, the
+    result says how many are live.
+    """
     with services.reconcile_lock:
         with services.db.session() as session:
             fn = functions.active(session, name)
-            live = replicas.live(session, name)
-            if live:
-                return WarmResult(name, None, len(live))
-            t0 = time.perf_counter()
-            request = ReplicaRequest(
-                name, fn.spec.device, fn.model_digest, _model_bytes(services, fn.model_digest)
-            )
-            placement = place(request, workers.snapshots(session))
-            schedule_ms = (time.perf_counter() - t0) * 1000
-            start = replicas.create(session, services.clock(), fn, placement, schedule_ms)
-        # Sent only after the commit, like the reconciler: a worker never sees a
-        # replica the database does not hold.
+            _check_wanted(fn.spec.scaling.max_replicas, name, replicas_wanted)
+            live = len(replicas.live(session, name))
+            starts = _place_starts(services, session, fn, replicas_wanted - live)
+        sent = [s.replica_id for w, s in starts if _send(services, w, s)]
+    if starts and not sent:
+        raise NoCapacityError(
+            f"could not send the warm-up of {name} to any worker's queue; "
+            "check the broker and try again"
+        )
+    return WarmResult(name, sent, live + len(sent), replicas_wanted)
+
+
+def _check_wanted(max_replicas: int, name: str, wanted: int) -> None:
+    if wanted < 1 or wanted > max_replicas:
+        raise BadRequestError(
+            f"cannot warm {wanted} replicas of {name}: between 1 and its max_replicas "
+            f"({max_replicas}); raise max_replicas with PATCH /v1/functions/{name}/scaling"
+        )
+
+
+def _place_starts(
+    services: Services, session: Session, fn: ActiveVersion, missing: int
+) -> list[tuple[str, StartReplica]]:
+    """Place and record up to ``missing`` replicas; raises when not even one fits."""
+    starts: list[tuple[str, StartReplica]] = []
+    request = ReplicaRequest(
+        fn.name, fn.spec.device, fn.model_digest, _model_bytes(services, fn.model_digest)
+    )
+    for _ in range(max(0, missing)):
+        now = services.clock()
+        t0 = time.perf_counter()
         try:
-            services.dispatcher.start_replica(placement.worker_id, start)
-        except Exception as exc:
-            _fail(services, start.replica_id, f"could not reach the worker's queue: {exc}")
-            raise NoCapacityError(
-                f"could not send the warm-up to worker {placement.worker_id} ({exc}); "
-                "check the broker and try again"
-            ) from exc
-    return WarmResult(name, start.replica_id, 1)
+            placement = place(request, workers.snapshots(session))
+        except NoCapacityError:
+            if not starts:
+                raise
+            break
+        schedule_ms = (time.perf_counter() - t0) * 1000
+        start = replicas.create(session, now, fn, placement, schedule_ms)
+        starts.append((placement.worker_id, start))
+    return starts
+
+
+def _send(services: Services, worker_id: str, start: StartReplica) -> bool:
+    # Sent only after the commit, like the reconciler: a worker never sees a
+    # replica the database does not hold.
+    try:
+        services.dispatcher.start_replica(worker_id, start)
+    except Exception as exc:
+        _fail(services, start.replica_id, f"could not reach the worker's queue: {exc}")
+        return False
+    with services.db.session() as session:
+        replicas.mark_dispatched(session, start.replica_id, services.clock())
+    return True

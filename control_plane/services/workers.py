@@ -150,6 +150,19 @@ def _abandon(
     return [c.id for c in stranded]
 
 
+def refresh_pool_gauges(session: Session, m: Metrics) -> None:
+    """Set each live worker's pool gauges from its latest heartbeat."""
+    for g in (m.worker_pool_size, m.worker_pool_idle, m.worker_pool_busy):
+        g.clear()
+    for w in session.scalars(select(Worker).where(Worker.lost.is_(False))):
+        m.worker_pool_size.labels(w.id).set(w.pool_size)
+        inv = inventory.decode(w.inventory_json)
+        if inv.pool_idle is not None:
+            m.worker_pool_idle.labels(w.id).set(inv.pool_idle)
+        if inv.pool_busy is not None:
+            m.worker_pool_busy.labels(w.id).set(inv.pool_busy)
+
+
 def snapshots(session: Session) -> list[WorkerSnapshot]:
     """The scheduler's view of every worker that is not lost."""
     out = []

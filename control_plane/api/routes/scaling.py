@@ -1,7 +1,8 @@
 """Operating a deployed function: edit its scaling, warm it up.
 
 PATCH /v1/functions/{name}/scaling   Scaling → FunctionPublic (active version edited)
-POST  /v1/functions/{name}/warm      → WarmPublic (a replica started unless one is live)
+POST  /v1/functions/{name}/warm      {"replicas": N}? → WarmPublic (starts replicas
+                                     until N, default 1, are live)
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from fastapi import APIRouter
 
 from control_plane.api.deps import InvocationsDep, PrincipalDep, ServicesDep
 from control_plane.api.schemas import FunctionPublic
-from control_plane.api.schemas_console import WarmPublic
+from control_plane.api.schemas_console import WarmPublic, WarmRequest
 from control_plane.services import scaling
 from control_plane.spec import Scaling
 
@@ -29,9 +30,15 @@ def update_scaling(
 
 
 @router.post("/{name}/warm", status_code=202)
-def warm(name: str, who: PrincipalDep, services: ServicesDep) -> WarmPublic:
+def warm(
+    name: str, who: PrincipalDep, services: ServicesDep, body: WarmRequest | None = None
+) -> WarmPublic:
     who.require("deploy", name)
-    r = scaling.warm(services, name)
+    r = scaling.warm(services, name, (body or WarmRequest()).replicas)
     return WarmPublic(
-        function=r.function, started_replica_id=r.started_replica_id, live_replicas=r.live_replicas
+        function=r.function,
+        started_replica_id=r.started_replica_id,
+        started_replica_ids=r.started_replica_ids,
+        live_replicas=r.live_replicas,
+        requested_replicas=r.requested_replicas,
     )
