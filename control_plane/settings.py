@@ -36,7 +36,9 @@
 | worker_name                | THAW_WORKER_NAME             | (host name)          |
 | worker_dir                 | THAW_WORKER_DIR              | <home>/worker (id, code bundles; one per agent) |
 | worker_concurrency         | THAW_WORKER_CONCURRENCY      | 32 (Celery threads: calls + starts at once) |
-| worker_pool_size           | THAW_WORKER_POOL_SIZE        | 0 (pre-warmed generic replica processes per device) |
+| worker_pool_size           | THAW_WORKER_POOL_SIZE        | 1 (pre-warmed generic replica processes per device) |
+| worker_pool_preload        | THAW_WORKER_POOL_PRELOAD     | transformers,peft (imported by every generic replica process) |
+| adapter_cache_size         | THAW_ADAPTER_CACHE_SIZE      | 8 (adapters a replica loads on first use and keeps, LRU) |
 | docker_url                 | THAW_DOCKER_URL              | unix:///var/run/docker.sock |
 | docker_warm_size           | THAW_DOCKER_WARM_SIZE        | 0 (warm containers per image) |
 
@@ -98,7 +100,9 @@ class Settings(BaseSettings):
     worker_name: str | None = None
     worker_dir: Path | None = None
     worker_concurrency: int = Field(default=32, ge=1)
-    worker_pool_size: int = Field(default=0, ge=0)
+    worker_pool_size: int = Field(default=1, ge=0)
+    worker_pool_preload: str = "transformers,peft"
+    adapter_cache_size: int = Field(default=8, ge=0)
     docker_url: str = "unix:///var/run/docker.sock"
     docker_warm_size: int = Field(default=0, ge=0)
 

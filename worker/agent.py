@@ -30,7 +30,7 @@ from worker.devices import (
     free_memory_bytes,
     total_memory_bytes,
 )
-from worker.inventory import CacheInventory
+from worker.inventory import CacheInventory, InventoryReport, bandwidths
 from worker.replicas import ReplicaManager
 from worker.runtimes.base import Runtime
 
@@ -47,6 +47,7 @@ class AgentConfig:
     name: str = ""
     concurrency: int = 32
     pool_size: int = 0
+    adapter_cache_size: int = 8
 
 
 def worker_id(state_dir: Path) -> str:
@@ -73,7 +74,9 @@ class Agent:
         self.client = client
         self.inventory = inventory
         self.worker_id = worker_id(config.state_dir)
-        self.manager = ReplicaManager(runtime, client, config.store)
+        self.manager = ReplicaManager(
+            runtime, client, config.store, adapter_cache_size=config.adapter_cache_size
+        )
         self.devices = detect_devices()
         self.heartbeat_interval_s = 2.0
 
@@ -129,15 +132,7 @@ class Agent:
             log.exception("could not pre-warm replica processes for %s", device)
 
     def heartbeat(self) -> None:
-        cached, cache_bytes = self._cache()
-        msg = WorkerHeartbeat(
-            replicas=self.manager.reports(),
-            cached_manifests=cached,
-            cache_bytes=cache_bytes,
-            free_memory_bytes=free_memory_bytes(),
-            pool_size=self.config.pool_size,
-            healthy=True,
-        )
+        msg = self.heartbeat_message()
         try:
             reply = self.client.heartbeat(self.worker_id, msg)
         except ControlPlaneError as exc:
@@ -153,7 +148,28 @@ class Agent:
                 daemon=True,
             ).start()
 
+    def heartbeat_message(self) -> WorkerHeartbeat:
+        """Replicas, tier holdings and bandwidths, memory and pool, as of now."""
+        report = self._report()
+        idle, busy = self.runtime.pool_counts() or (None, None)
+        return WorkerHeartbeat(
+            replicas=self.manager.reports(),
+            cached_manifests=report.cached_manifests,
+            cache_bytes=report.cache_bytes,
+            free_memory_bytes=free_memory_bytes(),
+            pool_size=self.config.pool_size,
+            healthy=True,
+            holdings=report.holdings,
+            bandwidths=bandwidths(report, self.manager.bandwidth),
+            pool_idle=idle,
+            pool_busy=busy,
+        )
+
     def _cache(self) -> tuple[list[str], int]:
+        report = self._report()
+        return report.cached_manifests, report.cache_bytes
+
+    def _report(self) -> InventoryReport:
         if self.inventory is None:
-            return [], 0
-        return self.inventory.snapshot(self.manager.loaded_digests())
+            return InventoryReport([], 0, [], None)
+        return self.inventory.report(self.manager.loaded_digests())

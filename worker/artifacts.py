@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from snapshotter.config import CacheConfig, LoaderConfig, S3Config, StoreConfig
+from snapshotter.config import CacheConfig, LoaderConfig, RamTierConfig, S3Config, StoreConfig
 from snapshotter.digest import digest_bytes, hex_part
 from snapshotter.errors import IntegrityError
 from snapshotter.manifest import FileEntry, Manifest
 from snapshotter.pull import fetch_chunk
 from snapshotter.registry import Registry
-from worker.child_protocol import StoreSpec
+from worker.child_protocol import LoadStats, StoreSpec
 
 TENSOR_SUFFIXES = (".safetensors",)
 
@@ -57,6 +57,17 @@ def loader_config(spec: StoreSpec) -> LoaderConfig:
         max_inflight_bytes=spec.loader_max_inflight_bytes,
         fetch_threads=spec.loader_fetch_threads,
         decode_threads=spec.loader_decode_threads,
+    )
+
+
+def ram_tier_config(spec: StoreSpec) -> RamTierConfig | None:
+    """The worker's host-RAM tier, or None when it has none (no directory, or capped at 0)."""
+    if not spec.ram_tier_dir or spec.ram_tier_max_bytes <= 0:
+        return None
+    return RamTierConfig(
+        directory=Path(spec.ram_tier_dir),
+        max_bytes=spec.ram_tier_max_bytes,
+        verify=spec.ram_tier_verify,
     )
 
 
@@ -130,17 +141,50 @@ def read_json_file(registry: Registry, manifest: Manifest, path: str) -> dict[st
 
 
 class WeightLoader:
-    """Streams manifests' tensors onto a device; one per replica, reused for adapters."""
+    """Streams manifests' tensors onto a device; one per replica, reused for adapters.
+
+    Loads go through the worker's host-RAM tier when the spec names one, then
+    the disk cache, then the store. ``loads`` records every load's tier bytes.
+    """
 
     def __init__(self, registry: Registry, spec: StoreSpec) -> None:
         from snapshotter import DiskCache, Snapshotter
+        from snapshotter.ram_tier import RamTier
 
-        self.snapshotter = Snapshotter(registry, DiskCache(cache_config(spec)), loader_config(spec))
+        tier_config = ram_tier_config(spec)
+        self.spec = spec
+        self.registry = registry
+        self.snapshotter = Snapshotter(
+            registry,
+            DiskCache(cache_config(spec)),
+            loader_config(spec),
+            ram_tier=RamTier(tier_config) if tier_config is not None else None,
+        )
+        self.loads: list[LoadStats] = []
+
+    def prewarm(self, device: str) -> None:
+        """Allocate the staging buffers for ``device`` now (CUDA; nothing on the CPU)."""
+        self.snapshotter.prewarm(device)
 
     def load(self, digest: str, device: str) -> LoadedWeights:
         """Every tensor of the manifest on ``device``, with fetch and to-device times."""
         tensors = self.snapshotter.load(digest, device)
+        self.loads.append(load_stats(tensors.report))
         return LoadedWeights(tensors, weights_phases(tensors.report))
+
+
+def load_stats(report: Any) -> LoadStats:
+    """The agent's view of one ``snapshotter.LoadReport``."""
+    return LoadStats(
+        digest=report.manifest_digest,
+        tensor_bytes=report.tensor_bytes,
+        ram_bytes=report.ram_tier_bytes,
+        cache_bytes=report.cache_hit_bytes,
+        store_bytes=report.store_bytes,
+        cache_hits=report.cache_hits,
+        store_gets=report.store_gets,
+        seconds=max(0.0, report.wall_s - report.setup_s),
+    )
 
 
 def weights_phases(report: Any) -> dict[str, float]:

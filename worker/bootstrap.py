@@ -14,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 
 from control_plane.settings import Settings
+from snapshotter.ram_tier import RamTier
 from snapshotter.registry import Registry
 from snapshotter.stores import open_store
 from worker.agent import Agent, AgentConfig
@@ -41,6 +42,7 @@ def store_spec(settings: Settings) -> StoreSpec:
     store = settings.store_config()
     cache = settings.cache_config()
     loader = settings.loader_config()
+    ram_tier = settings.ram_tier_config()
     return StoreSpec(
         url=store.url,
         s3_endpoint_url=store.s3.endpoint_url,
@@ -54,6 +56,9 @@ def store_spec(settings: Settings) -> StoreSpec:
         loader_max_inflight_bytes=loader.max_inflight_bytes,
         loader_fetch_threads=loader.fetch_threads,
         loader_decode_threads=loader.decode_threads,
+        ram_tier_dir=str(Path(ram_tier.directory).resolve()),
+        ram_tier_max_bytes=ram_tier.max_bytes,
+        ram_tier_verify=ram_tier.verify,
     )
 
 
@@ -77,18 +82,27 @@ def agent_config(settings: Settings) -> AgentConfig:
         name=settings.worker_name or socket.gethostname(),
         concurrency=settings.worker_concurrency,
         pool_size=settings.worker_pool_size,
+        adapter_cache_size=settings.adapter_cache_size,
     )
 
 
 def build_agent(settings: Settings) -> Agent:
     config = agent_config(settings)
     registry = Registry(open_store(settings.store_config()))
-    runtime = RoutedRuntime(
-        ProcessRuntime(ProcessPool(config.pool_size)), lambda: _docker_runtime(settings, config)
-    )
+    pool = ProcessPool(config.pool_size, store=config.store, preload=preload_modules(settings))
+    runtime = RoutedRuntime(ProcessRuntime(pool), lambda: _docker_runtime(settings, config))
     client = ControlPlaneClient(config.server_url, config.api_key)
-    inventory = CacheInventory(settings.cache_config(), registry)
+    inventory = CacheInventory(settings.cache_config(), registry, ram_tier=_ram_tier(settings))
     return Agent(config, runtime, client, inventory)
+
+
+def preload_modules(settings: Settings) -> tuple[str, ...]:
+    return tuple(m.strip() for m in settings.worker_pool_preload.split(",") if m.strip())
+
+
+def _ram_tier(settings: Settings) -> RamTier | None:
+    config = settings.ram_tier_config()
+    return RamTier(config) if config.max_bytes > 0 else None
 
 
 def _docker_runtime(settings: Settings, config: AgentConfig) -> Runtime:

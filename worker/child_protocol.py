@@ -6,8 +6,10 @@ the agent creates; every message has a ``type``. One replica's life::
     child                                   agent
       │ (generic start: python, torch, device context)
       │── hello {pid, device, phases_ms} ────▶│   the process is now poolable
+      │◀────────────────── prepare {store} ───│   (pooled only) loader + staging buffers
+      │── prepared {phases_ms} ──────────────▶│
       │◀──────────────── specialize {spec} ───│   code, weights, adapters, setup
-      │── ready {phases_ms} ─────────────────▶│   or setup_failed {error, phases_ms}
+      │── ready {phases_ms, loads} ──────────▶│   or setup_failed {error, phases_ms}
       │◀───────── call {call_id, input, ..} ──│   any number, concurrently
       │── output {call_id, chunk} ───────────▶│   zero or more per call (streaming)
       │── result {call_id, output} ──────────▶│   or error {call_id, error}
@@ -46,6 +48,9 @@ class StoreSpec(BaseModel):
     loader_max_inflight_bytes: int = 256 << 20
     loader_fetch_threads: int = 16
     loader_decode_threads: int = 4
+    ram_tier_dir: str | None = None  # the worker's host-RAM tier; None or max 0: none
+    ram_tier_max_bytes: int = 0
+    ram_tier_verify: bool = True
 
 
 class ContainerSpec(BaseModel):
@@ -72,6 +77,7 @@ class ReplicaSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     store: StoreSpec | None = None
     container: ContainerSpec | None = None  # set when the function runs in a container
+    adapter_cache_size: int = Field(default=8, ge=0)  # adapters loaded on first use, LRU
 
 
 # --- agent → child ---------------------------------------------------------
@@ -89,6 +95,14 @@ class CallMsg(BaseModel):
     stream: bool = False  # the caller reads outputs as they come
 
 
+class Prepare(BaseModel):
+    """Sent to a pooled generic process: build the weight loader for ``store`` now
+    (store client, disk cache, RAM tier, staging buffers), so ``specialize`` need not."""
+
+    type: Literal["prepare"] = "prepare"
+    store: StoreSpec
+
+
 class Shutdown(BaseModel):
     type: Literal["shutdown"] = "shutdown"
 
@@ -101,9 +115,29 @@ class Hello(BaseModel):
     phases_ms: dict[str, float]
 
 
+class Prepared(BaseModel):
+    type: Literal["prepared"] = "prepared"
+    phases_ms: dict[str, float] = Field(default_factory=dict)
+
+
+class LoadStats(BaseModel):
+    """One weights load in the child (from ``snapshotter.LoadReport``): the bytes each
+    tier served and how long the load's pipeline ran (wall minus setup)."""
+
+    digest: str
+    tensor_bytes: int
+    ram_bytes: int = 0
+    cache_bytes: int = 0
+    store_bytes: int = 0
+    cache_hits: int = 0
+    store_gets: int = 0
+    seconds: float = 0.0
+
+
 class Ready(BaseModel):
     type: Literal["ready"] = "ready"
     phases_ms: dict[str, float]
+    loads: list[LoadStats] = Field(default_factory=list)
 
 
 class SetupFailed(BaseModel):
@@ -123,6 +157,7 @@ class Result(BaseModel):
     call_id: str
     output: Any = None
     timings_ms: dict[str, float] = Field(default_factory=dict)
+    adapter_hit: bool | None = None  # None: the call named no adapter
 
 
 class CallError(BaseModel):
@@ -130,15 +165,17 @@ class CallError(BaseModel):
     call_id: str
     error: str
     timings_ms: dict[str, float] = Field(default_factory=dict)
+    adapter_hit: bool | None = None
 
 
-ToChild = Annotated[Specialize | CallMsg | Shutdown, Field(discriminator="type")]
+ToChild = Annotated[Prepare | Specialize | CallMsg | Shutdown, Field(discriminator="type")]
 FromChild = Annotated[
-    Hello | Ready | SetupFailed | Output | Result | CallError, Field(discriminator="type")
+    Hello | Prepared | Ready | SetupFailed | Output | Result | CallError,
+    Field(discriminator="type"),
 ]
-TO_CHILD: TypeAdapter[Specialize | CallMsg | Shutdown] = TypeAdapter(ToChild)
-FROM_CHILD: TypeAdapter[Hello | Ready | SetupFailed | Output | Result | CallError] = TypeAdapter(
-    FromChild
+TO_CHILD: TypeAdapter[Prepare | Specialize | CallMsg | Shutdown] = TypeAdapter(ToChild)
+FROM_CHILD: TypeAdapter[Hello | Prepared | Ready | SetupFailed | Output | Result | CallError] = (
+    TypeAdapter(FromChild)
 )
 
 

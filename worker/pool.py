@@ -1,18 +1,23 @@
 """Generic replica processes, and the pool that hands them out.
 
-A generic process has Python, torch and its device context ready and has
+A generic process has Python, torch, the ``preload`` modules (the functions'
+heavy libraries: transformers, peft) and its device context ready and has
 said ``hello``; it is not yet any function's replica. The process runtime
 takes one with ``ProcessPool.acquire`` and specializes it.
 
 ``warm_size`` generic processes per device are kept started in the
-background; with ``warm_size=0`` (the default) ``acquire`` spawns one on
-demand, so the cold start pays process start, imports and device init.
-A pooled process's generic phases were paid before the request, so the
-runtime reports them as zero for that cold start.
+background; a pooled one is also told to ``prepare`` its weight loader for
+the worker's store (store client, disk cache, RAM tier, staging buffers).
+Each ``acquire`` that takes a pooled process starts a refill in the
+background. With ``warm_size=0`` ``acquire`` spawns one on demand, so the
+cold start pays process start, imports and device init. A pooled process's
+generic phases were paid before the request, so the runtime reports them as
+zero for that cold start.
 """
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
@@ -21,10 +26,11 @@ import time
 from dataclasses import dataclass, field
 from typing import IO
 
-from worker.child_protocol import FROM_CHILD, Hello, SetupFailed
+from worker.child_protocol import FROM_CHILD, Hello, Prepare, Prepared, SetupFailed, StoreSpec, dump
 from worker.frames import FrameError, FrameSocket
 
 HELLO_TIMEOUT_S = 120.0
+_log = logging.getLogger(__name__)
 
 
 class SpawnError(Exception):
@@ -55,6 +61,7 @@ def spawn_generic(
     python: str = sys.executable,
     log: IO[bytes] | None = None,
     hello_timeout_s: float = HELLO_TIMEOUT_S,
+    preload: tuple[str, ...] = (),
 ) -> GenericProcess:
     """Start ``worker.replica_child`` and wait for its hello.
 
@@ -64,6 +71,8 @@ def spawn_generic(
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     cmd = [python, "-m", "worker.replica_child", "--fd", str(theirs.fileno())]
     cmd += ["--device", device, "--spawned-at", repr(time.time())]
+    if preload:
+        cmd += ["--preload", ",".join(preload)]
     try:
         proc = subprocess.Popen(
             cmd,
@@ -86,6 +95,24 @@ def spawn_generic(
     return GenericProcess(proc, conn, device, dict(hello.phases_ms))
 
 
+def prepare_loader(
+    process: GenericProcess, store: StoreSpec, timeout_s: float = HELLO_TIMEOUT_S
+) -> None:
+    """Have a generic process build its weight loader now; raise ``SpawnError`` if it cannot."""
+    process.conn.send(dump(Prepare(store=store)))
+    process.conn.sock.settimeout(timeout_s)
+    try:
+        msg = FROM_CHILD.validate_python(process.conn.recv())
+    except (TimeoutError, FrameError, OSError) as exc:
+        raise SpawnError(f"the replica process did not prepare its loader ({exc})") from None
+    finally:
+        process.conn.sock.settimeout(None)
+    if isinstance(msg, SetupFailed):
+        raise SpawnError(f"the replica process could not prepare its loader: {msg.error}")
+    if not isinstance(msg, Prepared):
+        raise SpawnError(f"the replica process sent {msg.type!r} instead of prepared")
+
+
 def _await_hello(conn: FrameSocket, timeout_s: float) -> Hello:
     conn.sock.settimeout(timeout_s)
     try:
@@ -104,12 +131,26 @@ def _await_hello(conn: FrameSocket, timeout_s: float) -> Hello:
 
 
 class ProcessPool:
-    """Generic processes per device, ``warm_size`` of them kept ready."""
+    """Generic processes per device, ``warm_size`` of them kept ready.
 
-    def __init__(self, warm_size: int = 0, *, log: IO[bytes] | None = None) -> None:
+    ``store``: what pooled processes prepare their loader for (None: they
+    do not). ``preload``: modules every generic process imports at start.
+    """
+
+    def __init__(
+        self,
+        warm_size: int = 0,
+        *,
+        log: IO[bytes] | None = None,
+        store: StoreSpec | None = None,
+        preload: tuple[str, ...] = (),
+    ) -> None:
         self.warm_size = warm_size
         self.log = log
+        self.store = store
+        self.preload = preload
         self._warm: dict[str, list[GenericProcess]] = {}
+        self._starting = 0
         self._lock = threading.Lock()
         self._closed = False
 
@@ -122,27 +163,59 @@ class ProcessPool:
                 if proc.proc.poll() is None:
                     self._refill_later(device)
                     return proc, True
-        return spawn_generic(device, log=self.log), False
+                proc.kill()  # it died while waiting: reap it
+        return self._spawn(device), False
 
     def size(self) -> int:
+        """Warm processes waiting to be acquired."""
         with self._lock:
             return sum(len(v) for v in self._warm.values())
+
+    def starting(self) -> int:
+        """Processes being started to fill the pool."""
+        with self._lock:
+            return self._starting
 
     def prewarm(self, device: str) -> None:
         """Fill the pool for ``device`` up to ``warm_size`` (blocking)."""
         while not self._closed:
             with self._lock:
-                if len(self._warm.get(device, [])) >= self.warm_size:
+                if len(self._warm.get(device, [])) + self._starting >= self.warm_size:
                     return
-            proc = spawn_generic(device, log=self.log)
+                self._starting += 1
+            try:
+                proc = self._spawn_prepared(device)
+            finally:
+                with self._lock:
+                    self._starting -= 1
             with self._lock:
-                if self._closed:
-                    proc.kill()
-                    return
-                self._warm.setdefault(device, []).append(proc)
+                if not self._closed:
+                    self._warm.setdefault(device, []).append(proc)
+                    continue
+            proc.kill()
+            return
+
+    def _spawn(self, device: str) -> GenericProcess:
+        return spawn_generic(device, log=self.log, preload=self.preload)
+
+    def _spawn_prepared(self, device: str) -> GenericProcess:
+        proc = self._spawn(device)
+        if self.store is not None:
+            try:
+                prepare_loader(proc, self.store)
+            except BaseException:
+                proc.kill()
+                raise
+        return proc
 
     def _refill_later(self, device: str) -> None:
-        threading.Thread(target=self.prewarm, args=(device,), daemon=True).start()
+        threading.Thread(target=self._refill, args=(device,), daemon=True).start()
+
+    def _refill(self, device: str) -> None:
+        try:
+            self.prewarm(device)
+        except SpawnError as exc:  # the next acquire spawns on demand and reports why
+            _log.warning("could not refill the replica pool for %s: %s", device, exc)
 
     def close(self) -> None:
         with self._lock:

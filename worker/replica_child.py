@@ -1,10 +1,13 @@
 """The replica child process: ``python -m worker.replica_child --fd N --device D``.
 
-It starts generic (Python, torch, the device context), says ``hello`` on the
-inherited socket, and waits. A ``specialize`` message turns it into one
-function's replica (``worker.specialize``); after ``ready`` it serves calls,
-each on its own thread, until ``shutdown`` or until the socket closes (its
-agent is gone), when it exits at once. See ``worker.child_protocol``.
+It starts generic (Python, torch, the device context, and the ``--preload``
+modules such as transformers and peft), says ``hello`` on the inherited
+socket, and waits. A pooled process is then told to ``prepare`` its weight
+loader (store client, caches, staging buffers) while it waits. A
+``specialize`` message turns it into one function's replica
+(``worker.specialize``); after ``ready`` it serves calls, each on its own
+thread, until ``shutdown`` or until the socket closes (its agent is gone),
+when it exits at once. See ``worker.child_protocol``.
 """
 
 from __future__ import annotations
@@ -21,13 +24,21 @@ from typing import Any
 T_ENTRY_S = time.time()  # as early as possible: process_start ends here
 
 
-def _generic_start(device: str, spawned_at: float) -> dict[str, float]:
-    """Import torch and initialise the device; return the phases it took."""
+def _generic_start(
+    device: str, spawned_at: float, preload: tuple[str, ...] = ()
+) -> dict[str, float]:
+    """Import torch and the ``preload`` modules, initialise the device; return the phases."""
+    import importlib.util
+
     phases = {"process_start": max(0.0, (T_ENTRY_S - spawned_at) * 1000)}
     t0 = time.perf_counter()
     import torch
 
     import worker.specialize  # noqa: F401  (its imports are the replica's, not the user's)
+
+    for name in preload:  # the functions' heavy libraries, where installed
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
 
     phases["imports"] = (time.perf_counter() - t0) * 1000
     t0 = time.perf_counter()
@@ -44,14 +55,16 @@ def _generic_start(device: str, spawned_at: float) -> dict[str, float]:
 class ChildServer:
     """Serves one replica's calls over the agent's socket."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, device: str = "cpu") -> None:
         from worker.frames import FrameSocket
 
         self.conn: FrameSocket = conn if isinstance(conn, FrameSocket) else FrameSocket(conn)
         self.replica: Any = None
+        self.device = device
+        self.loader: Any = None  # a WeightLoader built by ``prepare``
 
     def serve(self) -> None:
-        from worker.child_protocol import TO_CHILD, CallMsg, Shutdown, Specialize
+        from worker.child_protocol import TO_CHILD, CallMsg, Prepare, Shutdown, Specialize
         from worker.frames import PeerClosedError
 
         while True:
@@ -61,10 +74,29 @@ class ChildServer:
                 return  # the agent is gone: so are we
             if isinstance(msg, Shutdown):
                 return
-            if isinstance(msg, Specialize):
+            if isinstance(msg, Prepare):
+                self._prepare(msg)
+            elif isinstance(msg, Specialize):
                 self._specialize(msg)
             elif isinstance(msg, CallMsg):
                 threading.Thread(target=self._run_call, args=(msg,), daemon=True).start()
+
+    def _prepare(self, msg: Any) -> None:
+        """Build the weight loader and its staging buffers before any spec arrives."""
+        from worker.artifacts import WeightLoader, open_registry
+        from worker.child_protocol import Prepared, SetupFailed, dump
+        from worker.specialize import format_error
+
+        t0 = time.perf_counter()
+        try:
+            loader = WeightLoader(open_registry(msg.store), msg.store)
+            loader.prewarm(self.device)
+        except Exception as exc:
+            self.conn.send(dump(SetupFailed(error=format_error(exc))))
+            return
+        self.loader = loader
+        phases = {"loader_prepare": (time.perf_counter() - t0) * 1000}
+        self.conn.send(dump(Prepared(phases_ms=phases)))
 
     def _specialize(self, msg: Any) -> None:
         from worker.child_protocol import Ready, SetupFailed, dump
@@ -74,46 +106,72 @@ class ChildServer:
             self.conn.send(dump(SetupFailed(error="this process is already specialized")))
             return
         try:
-            self.replica = specialize(msg.spec)
+            self.replica = specialize(msg.spec, self.loader)
         except SpecializeError as exc:
             self.conn.send(dump(SetupFailed(error=str(exc), phases_ms=exc.phases_ms)))
             return
-        self.conn.send(dump(Ready(phases_ms=self.replica.phases_ms)))
+        ready = Ready(phases_ms=self.replica.phases_ms, loads=self.replica.loads)
+        self.conn.send(dump(ready))
 
     def _run_call(self, msg: Any) -> None:
-        from worker.child_protocol import CallError, Output, Result, dump
-        from worker.sdk import CallContext, is_stream
+        from worker.child_protocol import CallError, Result, dump
         from worker.specialize import format_error
 
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
+        hit: bool | None = None
         try:
             if self.replica is None:
                 raise RuntimeError("call received before the replica was specialized")
-            args: tuple[Any, ...] = (msg.input,)
-            if self.replica.pass_call_context:
-                args += (CallContext(msg.call_id, msg.adapter, msg.attempt, msg.stream),)
-            result = self.replica.instance(*args)
-            if is_stream(result):
-                chunks = []
-                for chunk in result:
-                    _check_json(chunk)
-                    timings.setdefault("first_output", (time.perf_counter() - t0) * 1000)
-                    if msg.stream:
-                        self.conn.send(dump(Output(call_id=msg.call_id, chunk=chunk)))
-                    else:
-                        chunks.append(chunk)
-                result = None if msg.stream else chunks
-            _check_json(result)
-            timings["execution"] = (time.perf_counter() - t0) * 1000
-            timings.setdefault("first_output", timings["execution"])
-            self.conn.send(dump(Result(call_id=msg.call_id, output=result, timings_ms=timings)))
+            with self._adapter(msg.adapter) as use:
+                if use is not None:
+                    hit = use.hit
+                    timings["adapter_load"] = use.load_ms
+                result = self._execute(msg, t0, timings)
+            timings["execution"] = (time.perf_counter() - t0) * 1000 - timings.get(
+                "adapter_load", 0.0
+            )
+            timings.setdefault("first_output", (time.perf_counter() - t0) * 1000)
+            out = Result(call_id=msg.call_id, output=result, timings_ms=timings, adapter_hit=hit)
+            self.conn.send(dump(out))
             if self.replica.profile is not None:
                 self.replica.profile.save_once()  # after the answer: off the caller's clock
         except Exception as exc:
             timings["execution"] = (time.perf_counter() - t0) * 1000
-            err = CallError(call_id=msg.call_id, error=format_error(exc), timings_ms=timings)
+            err = CallError(
+                call_id=msg.call_id, error=format_error(exc), timings_ms=timings, adapter_hit=hit
+            )
             self.conn.send(dump(err))
+
+    def _adapter(self, name: str | None) -> Any:
+        """Hold the call's adapter loaded (``AdapterUse``), or None: no adapter or no cache."""
+        import contextlib
+
+        if name is None or self.replica.adapters is None:
+            return contextlib.nullcontext(None)
+        return self.replica.adapters.use(name)
+
+    def _execute(self, msg: Any, t0: float, timings: dict[str, float]) -> Any:
+        """Run the function; stream or collect what it yields. The result is JSON."""
+        from worker.child_protocol import Output, dump
+        from worker.sdk import CallContext, is_stream
+
+        args: tuple[Any, ...] = (msg.input,)
+        if self.replica.pass_call_context:
+            args += (CallContext(msg.call_id, msg.adapter, msg.attempt, msg.stream),)
+        result = self.replica.instance(*args)
+        if is_stream(result):
+            chunks = []
+            for chunk in result:
+                _check_json(chunk)
+                timings.setdefault("first_output", (time.perf_counter() - t0) * 1000)
+                if msg.stream:
+                    self.conn.send(dump(Output(call_id=msg.call_id, chunk=chunk)))
+                else:
+                    chunks.append(chunk)
+            result = None if msg.stream else chunks
+        _check_json(result)
+        return result
 
 
 def _check_json(value: Any) -> None:
@@ -131,10 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, required=True, help="inherited socket fd")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--spawned-at", type=float, default=T_ENTRY_S)
+    parser.add_argument("--preload", default="", help="modules to import, comma-separated")
     args = parser.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
+    preload = tuple(m for m in args.preload.split(",") if m)
     try:
-        phases = _generic_start(args.device, args.spawned_at)
+        phases = _generic_start(args.device, args.spawned_at, preload)
     except Exception as exc:  # e.g. CUDA asked for on a machine without it
         _report_start_failure(sock, exc)
         return 1
@@ -144,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
     conn = FrameSocket(sock)
     conn.send(dump(Hello(pid=os.getpid(), device=args.device, phases_ms=phases)))
-    ChildServer(conn).serve()
+    ChildServer(conn, args.device).serve()
     return 0
 
 

@@ -28,6 +28,7 @@ from control_plane.protocol import (
 )
 from worker.child_protocol import AdapterRef, ContainerSpec, ReplicaSpec, StoreSpec
 from worker.control_client import ControlPlaneClient, ControlPlaneError
+from worker.inventory import BandwidthMeter
 from worker.runtimes.base import CallRequest, CallUpdate, ReplicaHandle, ReplicaStartError, Runtime
 
 log = logging.getLogger(__name__)
@@ -64,11 +65,14 @@ class ReplicaManager:
         store: StoreSpec | None,
         *,
         clock: Callable[[], float] = time.time,
+        adapter_cache_size: int = 8,
     ) -> None:
         self.runtime = runtime
         self.client = client
         self.store = store
         self.clock = clock
+        self.adapter_cache_size = adapter_cache_size
+        self.bandwidth = BandwidthMeter()  # from the loads replicas report at ready
         self._lock = threading.Lock()
         self._replicas: dict[str, _Entry] = {}
         self._cancelled: set[str] = set()
@@ -113,6 +117,7 @@ class ReplicaManager:
         if entry is None:  # stopped while it was starting
             handle.stop()
             return
+        self.bandwidth.observe(handle.loads)
         self._report(msg.replica_id, ReplicaEvent(state="ready", phases_ms=handle.phases_ms))
 
     def _spec(self, msg: StartReplica) -> ReplicaSpec:
@@ -128,6 +133,7 @@ class ReplicaManager:
             env=dict(msg.env),
             store=self.store,
             container=ContainerSpec(**msg.container.model_dump()) if msg.container else None,
+            adapter_cache_size=self.adapter_cache_size,
         )
 
     def stop_by_id(self, replica_id: str, reason: str) -> None:
@@ -227,6 +233,7 @@ class ReplicaManager:
             output=update.output if update.kind == "succeeded" else None,
             error=update.error,
             timings_ms=merged,
+            adapter_hit=update.adapter_hit,
         )
         self._event(msg, event)
 

@@ -7,21 +7,29 @@ adapters (``adapters``), run the user's ``setup`` (``user_setup``).
 
 On any failure ``SpecializeError`` carries the message, the traceback tail
 and the phases measured up to that point.
+
+A pooled process may bring a ``WeightLoader`` built ahead (``prepare``): it
+is used when it reads the same store as the spec. Adapters a call names but
+the spec does not list are loaded on first use (``worker.adapters``).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from snapshotter.errors import NotFoundError
+from snapshotter.manifest import ArtifactKind
+from worker.adapters import AdapterCache
 from worker.artifacts import (
     LoadedWeights,
     WeightLoader,
@@ -29,7 +37,7 @@ from worker.artifacts import (
     open_registry,
     read_json_file,
 )
-from worker.child_protocol import ReplicaSpec
+from worker.child_protocol import LoadStats, ReplicaSpec, StoreSpec
 from worker.profiling import FirstCallProfile
 from worker.sdk import Adapter, Context, accepts_call_context
 
@@ -52,6 +60,8 @@ class Specialized:
     pass_call_context: bool
     phases_ms: dict[str, float] = field(default_factory=dict)
     profile: FirstCallProfile | None = None
+    adapters: AdapterCache | None = None  # None: no store to fetch adapters from
+    loads: list[LoadStats] = field(default_factory=list)
 
 
 def format_error(exc: BaseException) -> str:
@@ -71,23 +81,45 @@ def _phase(phases_ms: dict[str, float], name: str) -> Iterator[None]:
         phases_ms[name] = phases_ms.get(name, 0.0) + (time.perf_counter() - t0) * 1000
 
 
-def specialize(spec: ReplicaSpec) -> Specialized:
-    """Load code, weights and adapters and run ``setup``. Raises ``SpecializeError``."""
+def specialize(spec: ReplicaSpec, loader: WeightLoader | None = None) -> Specialized:
+    """Load code, weights and adapters and run ``setup``. Raises ``SpecializeError``.
+
+    ``loader`` (a pooled process's, built ahead) is used when it reads ``spec.store``.
+    """
     phases_ms: dict[str, float] = {}
+    loaders = _Loaders(spec.store, loader)
     try:
-        return _specialize(spec, phases_ms)
+        return _specialize(spec, loaders, phases_ms)
     except Exception as exc:
         raise SpecializeError(format_error(exc), phases_ms) from exc
 
 
-def _specialize(spec: ReplicaSpec, phases_ms: dict[str, float]) -> Specialized:
+class _Loaders:
+    """The replica's one ``WeightLoader``, made on first use."""
+
+    def __init__(self, store: StoreSpec | None, ready: WeightLoader | None) -> None:
+        self.store = store
+        self._loader = ready if ready is not None and ready.spec == store else None
+
+    def get(self) -> WeightLoader:
+        if self._loader is None:
+            if self.store is None:
+                raise ValueError("the replica spec names weights but no store to read them from")
+            self._loader = WeightLoader(open_registry(self.store), self.store)
+        return self._loader
+
+    def loads(self) -> list[LoadStats]:
+        return list(self._loader.loads) if self._loader is not None else []
+
+
+def _specialize(spec: ReplicaSpec, loaders: _Loaders, phases_ms: dict[str, float]) -> Specialized:
     os.environ.update(spec.env)  # the function's declared environment, for its own code
     with _phase(phases_ms, "imports"):
         cls = load_entry(code_dir(spec), spec.entry)
     ctx = Context(device=spec.device, function=spec.function, replica_id=spec.replica_id)
     profile = None
     if spec.model_digest or spec.adapters:
-        profile = _load_model_and_adapters(spec, ctx, phases_ms)
+        profile = _load_model_and_adapters(spec, loaders.get(), ctx, phases_ms)
     with _phase(phases_ms, "user_setup"):
         instance = cls()
         setup = getattr(instance, "setup", None)
@@ -95,7 +127,38 @@ def _specialize(spec: ReplicaSpec, phases_ms: dict[str, float]) -> Specialized:
             setup(ctx)
     if not callable(instance):
         raise TypeError(f"{spec.entry} instances are not callable; define __call__(self, input)")
-    return Specialized(instance, ctx, accepts_call_context(instance.__call__), phases_ms, profile)
+    cache = None
+    if spec.store is not None:
+        cache = AdapterCache(
+            ctx.adapters,
+            adapter_fetcher(loaders.get, spec.device),
+            spec.adapter_cache_size,
+            on_load=getattr(instance, "load_adapter", None),
+            on_unload=getattr(instance, "unload_adapter", None),
+        )
+    takes_call = accepts_call_context(instance.__call__)
+    return Specialized(instance, ctx, takes_call, phases_ms, profile, cache, loaders.loads())
+
+
+def adapter_fetcher(loader: Callable[[], WeightLoader], device: str) -> Callable[[str], Adapter]:
+    """Fetch an adapter by reference (``NAME:TAG``, ``NAME`` or a digest) onto ``device``."""
+
+    def fetch(ref: str) -> Adapter:
+        snap = loader().snapshotter
+        try:
+            digest, manifest = snap.resolve(ref)
+        except (NotFoundError, ValueError) as exc:
+            raise LookupError(
+                f"adapter {ref!r} is not listed by the function and not in the store ({exc}); "
+                "push it with `thaw models push` or list it in thaw.toml"
+            ) from None
+        if manifest.kind is not ArtifactKind.ADAPTER:
+            raise ValueError(f"{ref!r} is a {manifest.kind.value}, not a LoRA adapter")
+        tensors = loader().load(digest, device).tensors
+        config = json.loads(snap.read_file(digest, "adapter_config.json"))
+        return Adapter(ref, tensors, config)
+
+    return fetch
 
 
 def code_dir(spec: ReplicaSpec) -> Path:
@@ -128,17 +191,16 @@ def load_entry(directory: Path, entry: str) -> type:
 
 
 def _load_model_and_adapters(
-    spec: ReplicaSpec, ctx: Context, phases_ms: dict[str, float]
+    spec: ReplicaSpec, loader: WeightLoader, ctx: Context, phases_ms: dict[str, float]
 ) -> FirstCallProfile | None:
-    if spec.store is None:
-        raise ValueError("the replica spec names a model but no store to read it from")
-    registry = open_registry(spec.store)
-    loader = WeightLoader(registry, spec.store)
+    assert spec.store is not None  # the loader was made from it
+    registry = loader.registry
     profile = None
     if spec.model_digest:
         files_root = Path(spec.store.bundles_dir) / "models"
         ctx.files = materialize(registry, spec.model_digest, files_root)
-        manifest = registry.get_manifest(spec.model_digest)
+        # Through the RAM tier and the disk cache: a re-warm asks the store for nothing.
+        _digest, manifest = loader.snapshotter.resolve(spec.model_digest)
         ctx.config = read_json_file(registry, manifest, "config.json")
         weights = loader.load(spec.model_digest, spec.device)
         _add_phases(phases_ms, weights)
@@ -148,7 +210,7 @@ def _load_model_and_adapters(
     with _phase(phases_ms, "adapters"):
         for ref in spec.adapters:
             loaded = loader.load(ref.digest, spec.device)
-            manifest = registry.get_manifest(ref.digest)
+            _digest, manifest = loader.snapshotter.resolve(ref.digest)
             config = read_json_file(registry, manifest, "adapter_config.json")
             ctx.adapters[ref.name] = Adapter(ref.name, loaded.tensors, config)
     return profile

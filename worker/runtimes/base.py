@@ -22,11 +22,11 @@ Guarantees every implementation keeps:
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from worker.child_protocol import ReplicaSpec
+from worker.child_protocol import LoadStats, ReplicaSpec
 
 # "cancelled" is decided by the agent; a runtime never yields it.
 UpdateKind = Literal["output", "succeeded", "failed", "timeout", "cancelled"]
@@ -57,6 +57,7 @@ class CallUpdate:
     output: Any = None
     error: str | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
+    adapter_hit: bool | None = None  # whether the call's adapter was loaded already
 
     @property
     def final(self) -> bool:
@@ -68,6 +69,7 @@ class ReplicaHandle(abc.ABC):
 
     replica_id: str
     phases_ms: dict[str, float]
+    loads: Sequence[LoadStats] = ()  # the start's weight loads, where the runtime knows them
 
     @abc.abstractmethod
     def call(self, request: CallRequest) -> Iterator[CallUpdate]:
@@ -99,6 +101,10 @@ class Runtime(abc.ABC):
 
     def prewarm_device(self, device: str) -> None:
         """Get ready to start replicas on ``device`` fast (blocking); default: nothing."""
+        return None
+
+    def pool_counts(self) -> tuple[int, int] | None:
+        """(warm processes waiting, processes being started to refill), or None: no pool."""
         return None
 
     @abc.abstractmethod

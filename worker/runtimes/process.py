@@ -71,6 +71,9 @@ class ProcessRuntime(Runtime):
     def prewarm_device(self, device: str) -> None:
         self.pool.prewarm(device)
 
+    def pool_counts(self) -> tuple[int, int] | None:
+        return self.pool.size(), self.pool.starting()
+
     def close(self) -> None:
         self.pool.close()
 
@@ -100,6 +103,7 @@ class ProcessReplica(ReplicaHandle):
         msg = self._control.get()
         if isinstance(msg, Ready):
             _merge(self.phases_ms, msg.phases_ms)
+            self.loads = list(msg.loads)
             return
         if isinstance(msg, SetupFailed):
             _merge(self.phases_ms, msg.phases_ms)
@@ -224,9 +228,16 @@ def _to_update(item: object, death_reason: str) -> CallUpdate:
     if isinstance(item, Output):
         return CallUpdate("output", output=item.chunk)
     if isinstance(item, Result):
-        return CallUpdate("succeeded", output=item.output, timings_ms=item.timings_ms)
+        return CallUpdate(
+            "succeeded",
+            output=item.output,
+            timings_ms=item.timings_ms,
+            adapter_hit=item.adapter_hit,
+        )
     if isinstance(item, CallError):
-        return CallUpdate("failed", error=item.error, timings_ms=item.timings_ms)
+        return CallUpdate(
+            "failed", error=item.error, timings_ms=item.timings_ms, adapter_hit=item.adapter_hit
+        )
     return CallUpdate("failed", error=f"the replica died during the call: {death_reason}")
 
 

@@ -41,6 +41,9 @@ class RoutedRuntime(Runtime):
     def prewarm_device(self, device: str) -> None:
         self.process.prewarm_device(device)
 
+    def pool_counts(self) -> tuple[int, int] | None:
+        return self.process.pool_counts()
+
     def close(self) -> None:
         self.process.close()
         with self._lock:
