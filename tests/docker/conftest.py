@@ -45,12 +45,19 @@ def store_spec(image_store: StoreConfig, tmp_path: Path) -> StoreSpec:
     )
 
 
+def containers_under(root: Path, *, running_only: bool = False) -> list[str]:
+    """Replica containers whose worker state lives under ``root`` (other runs ignored)."""
+    fmt = '{{.ID}} {{.Label "thaw.state_dir"}}'
+    cmd = ["docker", "ps", "--filter", "label=thaw.state_dir", "--format", fmt]
+    if not running_only:
+        cmd.insert(2, "-a")
+    out = subprocess.run(cmd, capture_output=True, text=True).stdout
+    rows = [line.split(" ", 1) for line in out.splitlines() if " " in line]
+    return [cid for cid, state in rows if state.startswith(str(root))]
+
+
 @pytest.fixture(autouse=True)
-def no_leftover_containers() -> Iterator[None]:
+def no_leftover_containers(tmp_path: Path) -> Iterator[None]:
     yield
-    if not docker_available():
-        return
-    out = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", "label=thaw.image"], capture_output=True, text=True
-    )
-    assert out.stdout.strip() == "", "a test left a replica container behind"
+    if docker_available():
+        assert containers_under(tmp_path) == [], "a test left a replica container behind"

@@ -163,7 +163,10 @@ def test_unknown_image_fails_the_start(runtime: DockerRuntime) -> None:
         runtime.start(spec(image="nope:v1"), Exits())
 
 
-ENGINE_PATHS = ("dev", "proc", "sys", ".dockerenv", "etc/hosts", "etc/hostname", "etc/resolv.conf")
+# What the engine's init layer adds to every container (so `docker export` shows it).
+ENGINE_PATHS = (
+    "dev", "proc", "sys", ".dockerenv", "etc/hosts", "etc/hostname", "etc/resolv.conf", "etc/mtab",
+)  # fmt: skip
 
 
 def test_lazy_mount_matches_the_engines_own_extraction(

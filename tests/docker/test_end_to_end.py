@@ -19,6 +19,7 @@ from snapshotter.registry import Registry
 from snapshotter.stores import LocalStore
 from tests.control_plane.conftest import StoreFixture
 from tests.control_plane.test_end_to_end import running_stack
+from tests.docker.conftest import containers_under
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -51,13 +52,6 @@ def store(tmp_path: Path, llama_dir: Path, engine_image: str) -> StoreFixture:
     return StoreFixture(root, "llama-tiny:v1", [], bundle, bundle, bundle)
 
 
-def _containers() -> list[str]:
-    out = subprocess.run(
-        ["docker", "ps", "-q", "--filter", "label=thaw.image"], capture_output=True, text=True
-    )
-    return out.stdout.split()
-
-
 def test_deploy_on_an_image_cold_warm_and_scale_to_zero(
     store: StoreFixture, tmp_path: Path
 ) -> None:
@@ -83,15 +77,17 @@ def test_deploy_on_an_image_cold_warm_and_scale_to_zero(
         assert cold.headers["X-Thaw-Cold"] == "true"
         timing = cold.headers["Server-Timing"]
         assert "image_fetch;dur=" in timing and "weights_fetch;dur=" in timing
-        assert len(_containers()) == 1
+        assert len(containers_under(tmp_path, running_only=True)) == 1
 
         warm = c.post("/v1/functions/imgfn/invoke", json={"input": 2})
         assert warm.status_code == 200 and warm.headers["X-Thaw-Cold"] == "false"
 
         deadline = time.monotonic() + 120
-        while _containers() and time.monotonic() < deadline:
+        while containers_under(tmp_path, running_only=True) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert _containers() == [], "the idle replica's container was not removed"
+        assert containers_under(tmp_path, running_only=True) == [], (
+            "the idle replica's container was not removed"
+        )
 
         again = c.post("/v1/functions/imgfn/invoke", json={"input": 3}, timeout=600)
         assert again.status_code == 200 and again.headers["X-Thaw-Cold"] == "true"

@@ -155,15 +155,16 @@ class DockerRuntime(Runtime):
     def _acquire(self, container: ContainerSpec, device: str) -> tuple[ContainerProcess, bool]:
         """A warm container of this image and limits, else a new one."""
         key = _pool_key(container, device)
-        with self._lock:
-            warm = self._warm.get(key, [])
-            while warm:
-                process = warm.pop()
-                if process.waiter.poll() is None:
-                    self._refill_later(container, device)
-                    return process, True
-                process.kill()
-        return self.spawn(container, device), False
+        while True:
+            with self._lock:
+                warm = self._warm.get(key, [])
+                process = warm.pop() if warm else None
+            if process is None:
+                return self.spawn(container, device), False
+            if process.waiter.poll() is None:
+                self._refill_later(container, device)
+                return process, True
+            process.kill()  # it died while waiting in the pool
 
     def prewarm(self, container: ContainerSpec, device: str = "cpu") -> None:
         """Fill the pool for this image and limits up to ``warm_size`` (blocking)."""
@@ -269,13 +270,17 @@ class DockerRuntime(Runtime):
             python=self.config.python, host_paths=self.host_paths, data_ro=data_ro,
             data_rw=data_rw, child_args=["--device", device, "--spawned-at", repr(time.time())],
             env={}, network=container.network, memory_bytes=container.memory_bytes,
-            cpus=container.cpus, gpus=device == "cuda", labels={"thaw.image": digest},
+            cpus=container.cpus, gpus=device == "cuda", labels=self._labels(digest),
         )  # fmt: skip
         try:
             return mount, plan, self._skeleton(digest, tree)
         except BaseException:
             mount.unmount()
             raise
+
+    def _labels(self, digest: str) -> dict[str, str]:
+        # The state dir tells this worker's containers from other workers' on one engine.
+        return {"thaw.image": digest, "thaw.state_dir": str(self.config.state_dir)}
 
     def _data_paths(self) -> tuple[list[str], list[str]]:
         store = self.config.store
