@@ -18,10 +18,12 @@ class LatencyPublic(BaseModel):
     count: int
     p50_ms: float | None
     p95_ms: float | None
+    p90_ms: float | None = None
+    p99_ms: float | None = None
 
     @classmethod
     def of(cls, s: LatencySummary) -> LatencyPublic:
-        return cls(count=s.count, p50_ms=s.p50_ms, p95_ms=s.p95_ms)
+        return cls.model_validate(s, from_attributes=True)
 
 
 class FunctionStatsPublic(BaseModel):
@@ -34,6 +36,7 @@ class FunctionStatsPublic(BaseModel):
     cold_start_rate: float | None
     warm: LatencyPublic
     cold: LatencyPublic
+    phase_medians_ms: dict[str, float] = {}
 
     @classmethod
     def of(cls, s: FunctionStats) -> FunctionStatsPublic:
@@ -47,6 +50,7 @@ class FunctionStatsPublic(BaseModel):
             cold_start_rate=s.cold_start_rate,
             warm=LatencyPublic.of(s.warm),
             cold=LatencyPublic.of(s.cold),
+            phase_medians_ms=s.phase_medians_ms,
         )
 
 

@@ -1,7 +1,8 @@
 """The workers as an operator sees them: devices, memory, pool, cache, replicas.
 
-The cache tiers a worker reports (protocol v1) are its disk chunk cache: the
-bytes it holds and which manifests are complete in it. Each manifest digest is
+The cache tiers a worker reports: its disk chunk cache (the bytes it holds
+and which manifests are complete in it, protocol v1) and, when the worker
+sends ``holdings``, what its host RAM tier and its devices hold. Each manifest digest is
 named with the store's tags that point at it, so the console can say "llama:v1"
 instead of a digest; a digest no tag points at is shown as is.
 """
@@ -17,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Replica, Worker
+from control_plane.services import inventory
 from control_plane.services.states import LIVE_REPLICA_STATES
 
 
@@ -70,6 +72,22 @@ def _replicas_by_worker(session: Session) -> dict[str, list[ReplicaInfo]]:
     return out
 
 
+def _tiers(
+    w: Worker, disk: list[CachedArtifact], refs_by_digest: Mapping[str, list[str]]
+) -> list[CacheTier]:
+    """Disk first (v1), then the faster tiers a worker reports holdings for."""
+    holdings = inventory.decode(w.inventory_json).holdings
+    tiers = [CacheTier("disk", w.cache_bytes, disk)]
+    for tier in ("ram", "device"):
+        held = [h for h in holdings if h.tier == tier]
+        if held:
+            arts = [
+                CachedArtifact(h.digest, sorted(refs_by_digest.get(h.digest, []))) for h in held
+            ]
+            tiers.append(CacheTier(tier, sum(h.bytes for h in held), arts))
+    return tiers
+
+
 def list_workers(session: Session, refs_by_digest: Mapping[str, list[str]]) -> list[WorkerInfo]:
     """Every worker, lost ones last; ``refs_by_digest`` names cached manifests."""
     replicas = _replicas_by_worker(session)
@@ -87,7 +105,7 @@ def list_workers(session: Session, refs_by_digest: Mapping[str, list[str]]) -> l
                 memory_bytes=w.memory_bytes,
                 free_memory_bytes=w.free_memory_bytes,
                 pool_size=w.pool_size,
-                cache=[CacheTier("disk", w.cache_bytes, cached)],
+                cache=_tiers(w, cached, refs_by_digest),
                 replicas=replicas.get(w.id, []),
                 healthy=w.healthy,
                 lost=w.lost,

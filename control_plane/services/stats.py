@@ -3,8 +3,10 @@
 Latency of a call is ``finished_at - accepted_at`` (what the caller waited,
 queueing and any cold start included), in milliseconds, over the function's
 most recent finished calls (at most ``window`` of them), split into cold and
-warm. Percentiles use the nearest-rank method, so every reported value is
-a latency some call really had.
+warm: p50/p90/p95/p99. Percentiles use the nearest-rank method, so every
+reported value is a latency some call really had. Phase medians are over
+the succeeded cold calls in the window (each carries its replica's phases).
+The cold-start rate is cold calls over calls that reached a replica.
 
 A function's status is derived, not stored::
 
@@ -16,15 +18,17 @@ A function's status is derived, not stored::
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call, Function, Replica
 from control_plane.errors import NotFoundError
+from control_plane.protocol import REPLICA_PHASES
 from control_plane.services.calls import CallView, view
 from control_plane.services.states import FINAL_CALL_STATES
 
@@ -37,6 +41,8 @@ class LatencySummary:
     count: int
     p50_ms: float | None
     p95_ms: float | None
+    p90_ms: float | None = None
+    p99_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,7 @@ class FunctionStats:
     cold_start_rate: float | None
     warm: LatencySummary
     cold: LatencySummary
+    phase_medians_ms: dict[str, float] = field(default_factory=dict)
 
 
 def percentile(values_ms: list[float], q: float) -> float | None:
@@ -62,7 +69,25 @@ def percentile(values_ms: list[float], q: float) -> float | None:
 
 
 def summarize(values_ms: list[float]) -> LatencySummary:
-    return LatencySummary(len(values_ms), percentile(values_ms, 50), percentile(values_ms, 95))
+    return LatencySummary(
+        count=len(values_ms),
+        p50_ms=percentile(values_ms, 50),
+        p95_ms=percentile(values_ms, 95),
+        p90_ms=percentile(values_ms, 90),
+        p99_ms=percentile(values_ms, 99),
+    )
+
+
+def phase_medians(phases: list[dict[str, float]]) -> dict[str, float]:
+    """Per phase, the nearest-rank median over the cold starts that recorded it,
+    in the order the phases happen (unknown names last, sorted)."""
+    values: dict[str, list[float]] = {}
+    for p in phases:
+        for name, ms in p.items():
+            values.setdefault(name, []).append(float(ms))
+    order = {name: i for i, name in enumerate(REPLICA_PHASES)}
+    names = sorted(values, key=lambda n: (order.get(n, len(order)), n))
+    return {n: m for n in names if (m := percentile(values[n], 50)) is not None}
 
 
 def status_of(version: int | None, replicas: dict[str, int]) -> str:
@@ -95,7 +120,14 @@ def function_stats(session: Session, name: str, window: int = DEFAULT_WINDOW) ->
     """Stats of one function over its last ``window`` finished calls."""
     fn = _function(session, name)
     rows = session.execute(
-        select(Call.status, Call.cold, Call.replica_id, Call.accepted_at, Call.finished_at)
+        select(
+            Call.status,
+            Call.cold,
+            Call.replica_id,
+            Call.accepted_at,
+            Call.finished_at,
+            Call.phases_json,
+        )
         .where(Call.function == name, Call.status.in_(FINAL_CALL_STATES))
         .order_by(Call.accepted_at.desc())
         .limit(window)
@@ -116,6 +148,7 @@ def function_stats(session: Session, name: str, window: int = DEFAULT_WINDOW) ->
         cold_start_rate=cold_rate,
         warm=summarize(warm),
         cold=summarize(cold),
+        phase_medians_ms=phase_medians([json.loads(r.phases_json) for r in ok if r.cold]),
     )
 
 

@@ -9,6 +9,12 @@ does is read from its input (a dict):
     {"fail": "boom"}          end as failed with that error
     {"chunks": 3}             with stream: three outputs, then succeeded
     anything else             succeeded with {"echo": input, "adapter": adapter}
+
+A call with an adapter reports ``adapter_hit`` (a miss the first time a
+replica sees that adapter, with an ``adapter_load`` timing). With
+``phases_ms`` a replica start sleeps each phase's duration and reports what
+each really took (at least the planned time). ``holdings``, ``bandwidths``
+and ``pool_idle``/``pool_busy`` go into every heartbeat.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from control_plane.protocol import (
     RunCall,
     StartReplica,
     StopReplica,
+    TierBandwidths,
+    TierHolding,
     WorkerHeartbeat,
     WorkerRegister,
 )
@@ -50,8 +58,18 @@ class FakeWorker:
         fail_start: str | None = None,
         heartbeat_interval_s: float = 0.1,
         cached_manifests: list[str] | None = None,
+        worker_id: str | None = None,
+        holdings: list[TierHolding] | None = None,
+        bandwidths: TierBandwidths | None = None,
+        phases_ms: dict[str, float] | None = None,
+        pool: tuple[int, int, int] | None = None,
     ) -> None:
-        self.id = uuid.uuid4().hex
+        self.id = worker_id or uuid.uuid4().hex
+        self.holdings = holdings or []
+        self.bandwidths = bandwidths or TierBandwidths()
+        self.phases_ms = phases_ms
+        self.pool = pool  # (size, idle, busy)
+        self.adapters_seen: dict[str, set[str]] = {}
         self.http = httpx.Client(
             base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=30
         )
@@ -123,6 +141,7 @@ class FakeWorker:
         self._post(f"/v1/replicas/{replica_id}/events", ev)
 
     def _start_replica(self, msg: StartReplica) -> None:
+        received = time.perf_counter()
         self.replicas[msg.replica_id] = "starting"
         self._replica_event(msg.replica_id, ReplicaEvent(state="starting"))
         if self._stop.wait(self.start_delay_s):
@@ -137,8 +156,21 @@ class FakeWorker:
             "weights_fetch": self.start_delay_s * 1000,
             "user_setup": 2.0,
         }
+        if self.phases_ms is not None:
+            phases = self._timed_phases(received, self.phases_ms)
         self.replicas[msg.replica_id] = "ready"
         self._replica_event(msg.replica_id, ReplicaEvent(state="ready", phases_ms=phases))
+
+    def _timed_phases(self, since: float, planned_ms: dict[str, float]) -> dict[str, float]:
+        """Sleep each planned phase and report what it really took, as a worker
+        measures: the first phase from the message's receipt."""
+        measured = {}
+        for name, ms in planned_ms.items():
+            end = time.perf_counter() + ms / 1000
+            self._stop.wait(max(0.0, end - time.perf_counter()))
+            now = time.perf_counter()
+            measured[name], since = (now - since) * 1000, now
+        return measured
 
     def _stop_replica(self, msg: StopReplica) -> None:
         self.replicas[msg.replica_id] = "stopped"
@@ -164,7 +196,14 @@ class FakeWorker:
             for i in range(int(data.get("chunks", 1))):
                 self._call_event(msg, kind="output", output={"i": i})
         out = {"echo": msg.input, "adapter": msg.adapter}
-        self._call_event(msg, kind="succeeded", output=out, timings_ms={"execution": 1.0})
+        timings, hit = {"execution": 1.0}, None
+        if msg.adapter is not None:
+            seen = self.adapters_seen.setdefault(msg.replica_id, set())
+            hit = msg.adapter in seen
+            seen.add(msg.adapter)
+            if not hit:
+                timings["adapter_load"] = 5.0
+        self._call_event(msg, kind="succeeded", output=out, timings_ms=timings, adapter_hit=hit)
 
     # --- heartbeats -------------------------------------------------------------
     def _heartbeat(self) -> None:
@@ -176,7 +215,16 @@ class FakeWorker:
                 for rid, state in list(self.replicas.items())
                 if state in ("starting", "ready")
             ]
-            msg = WorkerHeartbeat(replicas=reports, cached_manifests=self.cached_manifests)
+            size, idle, busy = self.pool if self.pool is not None else (0, None, None)
+            msg = WorkerHeartbeat(
+                replicas=reports,
+                cached_manifests=self.cached_manifests,
+                holdings=self.holdings,
+                bandwidths=self.bandwidths,
+                pool_size=size,
+                pool_idle=idle,
+                pool_busy=busy,
+            )
             try:
                 r = self.http.post(
                     f"/v1/workers/{self.id}/heartbeat", json=msg.model_dump(mode="json")
