@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from worker.child_protocol import ReplicaSpec
+from snapshotter.config import StoreConfig
+from snapshotter.push import push_directory
+from snapshotter.registry import Registry
+from snapshotter.stores import LocalStore, open_store
+from worker.child_protocol import ReplicaSpec, StoreSpec
 from worker.pool import ProcessPool, SpawnError, spawn_generic
 from worker.runtimes.base import CallRequest
 from worker.runtimes.process import ProcessRuntime
@@ -45,3 +49,95 @@ def test_warm_process_skips_generic_phases_and_the_pool_refills() -> None:
 def test_cuda_on_a_machine_without_it_says_so() -> None:
     with pytest.raises(SpawnError, match="torch sees no CUDA device"):
         spawn_generic("cuda")
+
+
+def _model_spec(replica_id: str, registry_dir: Path, model: str, tmp_path: Path) -> ReplicaSpec:
+    store = StoreSpec(
+        url=str(registry_dir),
+        cache_dir=str(tmp_path / "cache"),
+        cache_max_bytes=1 << 30,
+        bundles_dir=str(tmp_path / "bundles"),
+        ram_tier_dir=str(tmp_path / "ram"),
+        ram_tier_max_bytes=1 << 30,
+    )
+    return ReplicaSpec(
+        replica_id=replica_id,
+        function="lora",
+        bundle_dir=str(FUNCTIONS / "lora_model"),
+        entry="lora:Lora",
+        model_digest=model,
+        store=store,
+    )
+
+
+def test_a_pool_hit_skips_process_start_and_imports(tmp_path: Path, llama_dir: Path) -> None:
+    registry = Registry(LocalStore(tmp_path / "store"))
+    model = push_directory(llama_dir, "llama:v1", registry).digest
+    spec = _model_spec("r1", tmp_path / "store", model, tmp_path)
+    pool = ProcessPool(warm_size=1, store=spec.store, preload=("transformers", "peft"))
+    runtime = ProcessRuntime(pool)
+    try:
+        runtime.prewarm_device("cpu")
+        [pooled] = pool._warm["cpu"]
+        assert pooled.phases_ms["imports"] > 0.0  # paid by the pool, before any request
+        replica = runtime.start(spec, lambda *_: None)
+        assert replica.process.pid == pooled.pid
+        [done] = list(replica.call(CallRequest("c1", {"ids": [1, 2, 3]})))
+        replica.stop()
+    finally:
+        runtime.close()
+    phases = replica.phases_ms
+    assert phases["pool_acquire"] > 0.0
+    assert phases["process_start"] == 0.0 and phases["device_init"] == 0.0
+    # What remains of ``imports`` is the function's own module, which found the
+    # heavy libraries already imported by the generic process:
+    assert done.output["preloaded"] == ["peft", "torch", "transformers"]
+    assert phases["imports"] < pooled.phases_ms["imports"]
+
+
+def test_a_pool_miss_pays_process_start_and_imports(tmp_path: Path) -> None:
+    runtime = ProcessRuntime(ProcessPool(warm_size=0))
+    spec = ReplicaSpec(
+        replica_id="r1", function="f", entry="basic:Flaky", bundle_dir=str(FUNCTIONS)
+    )
+    replica = runtime.start(spec, lambda *_: None)
+    replica.stop()
+    runtime.close()
+    assert replica.phases_ms["pool_acquire"] == 0.0
+    assert replica.phases_ms["process_start"] > 0.0 and replica.phases_ms["imports"] > 0.0
+
+
+def test_a_replica_started_again_reads_its_weights_from_the_ram_tier(
+    store_config: StoreConfig, tmp_path: Path, llama_dir: Path
+) -> None:
+    registry = Registry(open_store(store_config))
+    model = push_directory(llama_dir, "llama:v1", registry)
+    runtime = ProcessRuntime()
+    loads = []
+    try:
+        for i in range(2):
+            spec = _model_spec(f"r{i}", tmp_path, model.digest, tmp_path)
+            assert spec.store is not None
+            store = spec.store.model_copy(
+                update={
+                    "url": store_config.url,
+                    "s3_endpoint_url": store_config.s3.endpoint_url,
+                    "s3_region": store_config.s3.region,
+                    "s3_access_key_id": store_config.s3.access_key_id,
+                    "s3_secret_access_key": store_config.s3.secret_access_key,
+                }
+            )
+            replica = runtime.start(spec.model_copy(update={"store": store}), lambda *_: None)
+            [done] = list(replica.call(CallRequest("c", {"ids": [1, 2, 3]})))
+            assert done.kind == "succeeded", done.error
+            replica.stop()
+            [load] = replica.loads
+            loads.append(load)
+    finally:
+        runtime.close()
+    first, second = loads
+    assert first.digest == second.digest == model.digest
+    assert first.store_gets > 0 and first.ram_bytes == 0  # a cold worker: from the store
+    assert second.ram_bytes == second.tensor_bytes > 0  # the same worker again: RAM only
+    assert second.cache_hits == 0 and second.cache_bytes == 0
+    assert second.store_gets == 0 and second.store_bytes == 0
