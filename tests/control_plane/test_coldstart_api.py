@@ -94,7 +94,7 @@ def test_stats_percentiles_match_the_recorded_calls(cp: ControlPlane) -> None:
     assert stats["cold_start_rate"] == sum(x["cold"] for x in calls) / len(calls)
     medians = stats["phase_medians_ms"]
     assert medians["weights_fetch"] == 100.0
-    assert list(medians)[0] == "schedule" and "first_output" in medians
+    assert next(iter(medians)) == "schedule" and "first_output" in medians
 
 
 def test_metrics_export_phases_timings_adapters_and_pool(cp: ControlPlane) -> None:

@@ -13,7 +13,7 @@ from sqlalchemy.pool import StaticPool
 
 from control_plane.db.models import Base, Call
 from control_plane.errors import ConflictError
-from control_plane.protocol import CallEvent
+from control_plane.protocol import CallEvent, CallEventKind
 from control_plane.services import calls, workers
 from control_plane.services.states import FINAL_CALL_STATES
 
@@ -66,7 +66,7 @@ class CallLifecycle(RuleBasedStateMachine):
         kind=st.sampled_from(["started", "output", "succeeded", "failed", "timeout", "cancelled"]),
         stale=st.booleans(),
     )
-    def worker_event(self, kind: str, stale: bool) -> None:
+    def worker_event(self, kind: CallEventKind, stale: bool) -> None:
         attempt = self._row().attempt + (1 if stale else 0)
         before = self._row().status
         try:
