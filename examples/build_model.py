@@ -51,8 +51,15 @@ def build_tokenizer(vocab_size: int = 320) -> object:
     )
 
 
-def build_model(path: Path, *, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Path:
-    """The tiny Llama and its tokenizer files, in ``path``."""
+def build_model(
+    path: Path,
+    *,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    max_shard_size: str = "100KB",
+) -> Path:
+    """The Llama (tiny by default) and its tokenizer files, in ``path``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_tokenizer()
@@ -70,7 +77,7 @@ def build_model(path: Path, *, seed: int = 0, hidden_size: int = 64, num_layers:
         eos_token_id=tokenizer.eos_token_id,  # type: ignore[attr-defined]
     )
     model = LlamaForCausalLM(config)
-    model.save_pretrained(path, max_shard_size="100KB")
+    model.save_pretrained(path, max_shard_size=max_shard_size)
     tokenizer.save_pretrained(path)  # type: ignore[attr-defined]
     return path
 
@@ -92,12 +99,24 @@ def build_adapter(base_dir: Path, path: Path, *, seed: int, r: int = 8) -> Path:
     return path
 
 
-def build_all(out: Path) -> dict[str, Path]:
-    """Model and adapters under ``out``; returns name -> directory ("model", adapters)."""
-    model_dir = build_model(out / "model")
+def build_all(
+    out: Path,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    adapter_r: int = 8,
+    max_shard_size: str = "100KB",
+) -> dict[str, Path]:
+    """Model and adapters under ``out``; returns name -> directory ("model", adapters).
+
+    The defaults build the tiny example; ``bench/coldstart.py`` asks for a bigger one.
+    """
+    model_dir = build_model(
+        out / "model", hidden_size=hidden_size, num_layers=num_layers, max_shard_size=max_shard_size
+    )
     dirs = {"model": model_dir}
     for name, seed in ADAPTERS.items():
-        dirs[name] = build_adapter(model_dir, out / "adapters" / name, seed=seed)
+        dirs[name] = build_adapter(model_dir, out / "adapters" / name, seed=seed, r=adapter_r)
     return dirs
 
 
