@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import functions, images, invoke, keys, models, warm
+from cli import bench, functions, images, invoke, keys, models, warm
 from cli.server import server
 from cli.up import up
 from cli.worker import worker
@@ -28,6 +28,7 @@ app.command("deploy")(functions.deploy)
 app.add_typer(functions.app, name="functions")
 app.command("invoke")(invoke.invoke)
 app.add_typer(invoke.calls_app, name="calls")
+app.add_typer(bench.app, name="bench")
 app.command("warm")(warm.warm)
 
 

@@ -1,0 +1,47 @@
+"""``thaw bench``: the benchmarks in ``bench/``, run from a checkout of the repository.
+
+    thaw bench coldstart [--trials N] [--json] [--png PATH] [--quick]
+
+They start their own thaw installations (server + worker processes) and
+stores; nothing of the caller's ``THAW_*`` setup is used.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.control import fail
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+app = typer.Typer(no_args_is_help=True, help="Benchmarks (from a checkout of the repository).")
+
+
+@app.command("coldstart")
+def coldstart(
+    trials: Annotated[
+        int | None, typer.Option(help="cold trials per row (5; 1 with --quick)")
+    ] = None,
+    json: Annotated[
+        bool, typer.Option("--json", help="print the figures as one JSON object")
+    ] = False,
+    png: Annotated[Path | None, typer.Option(help="chart path (bench/.data/coldstart.png)")] = None,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="tiny model, one trial: a smoke run")
+    ] = False,
+) -> None:
+    """Cold starts: naive vs thaw (pool hit, pool miss, S3), warm calls, adapter switch, trace."""
+    if not (REPO_ROOT / "bench" / "coldstart.py").is_file():
+        raise fail(f"{REPO_ROOT / 'bench'} is missing: run `thaw bench` from a thaw checkout")
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    from bench.coldstart import main
+
+    argv = [*(["--trials", str(trials)] if trials is not None else [])]
+    argv += [*(["--png", str(png)] if png is not None else [])]
+    argv += [*(["--json"] if json else []), *(["--quick"] if quick else [])]
+    raise typer.Exit(main(argv))
