@@ -9,9 +9,13 @@ Where things live::
                        errors.py maps every error to a status, in one place
     services/          decisions and use cases, no FastAPI: keys, functions,
                        catalog (models), calls, workers, replicas; the pure
-                       scheduler.place / autoscaler.desired_replicas /
-                       router.choose; activator (holding a caller until its
-                       deadline); reconciler (applies the decisions)
+                       scheduler.place (soonest estimated start: bytes per
+                       tier over measured bandwidth, plus load) /
+                       autoscaler.desired_replicas / router.choose; activator
+                       (holding a caller until its deadline); reconciler
+                       (applies the decisions); coldstart (the schedule and
+                       first_output phases, phase/timing histograms);
+                       inventory (a worker's tier holdings and bandwidths)
     db/                SQLAlchemy models, sessions (SQLite WAL + busy timeout),
                        migrate (Alembic in migrations/, URL from Settings)
     dispatch/          Dispatcher interface; Celery app factory (filesystem://
@@ -29,6 +33,8 @@ HTTP surface (all but ``/healthz`` need ``Authorization: Bearer thaw_…``)::
            → SSE (output*, then done | error); Idempotency-Key; X-Thaw-Deadline-Ms
            200 succeeded, 500 failed, 504 deadline (phases so far), 409 cancelled
            headers: X-Thaw-Call-Id, X-Thaw-Cold, Server-Timing (phases, timings)
+    POST   /v1/functions/{name}/warm {"replicas": N}? | PATCH …/scaling deploy
+    GET    /v1/functions/{name}/stats (p50/90/95/99 cold+warm, phases) deploy
     GET    /v1/calls/{id} | DELETE /v1/calls/{id} (cancel)           invoke
     POST   /v1/workers/register | /v1/workers/{id}/heartbeat          worker
     POST   /v1/replicas/{id}/events | /v1/calls/{id}/events           worker
