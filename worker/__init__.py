@@ -9,10 +9,11 @@ runtimes/          the Runtime interface (base.py), process.py, docker.py
 pool.py            generic replica processes and their pre-warmed pool
 replica_child.py   the replica process: generic start, specialize, serve calls
 specialize.py      code, weights, adapters and ``setup`` inside the child
+adapters.py        adapters loaded on first use, kept under an LRU cap
 child_protocol.py  messages between agent and child; frames.py carries them
 artifacts.py       bundles, model files and weights from the snapshotter
 profiling.py       a replica's first forward pass -> prefetch profile
-inventory.py       models fully in the disk cache, for heartbeats
+inventory.py       tier holdings and bandwidths, for heartbeats
 devices.py         devices and memory of this machine
 sdk.py             what a function is and what it is given (the contract)
 """

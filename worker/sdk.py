@@ -17,10 +17,23 @@ bundle, makes one instance per replica with no arguments, and then::
             #              adapter named in the spec, tensors on ctx.device
             ...
 
+        def load_adapter(self, adapter: thaw.Adapter) -> None:
+            # Optional. A call named an adapter the spec does not list
+            # (NAME:TAG as pushed with `thaw models push`): the worker fetched
+            # it onto ctx.device and added it to ctx.adapters under that name;
+            # add it to the model (PEFT: add_adapter + set_peft_model_state_dict).
+            ...
+
+        def unload_adapter(self, name: str) -> None:
+            # Optional. The adapter left ctx.adapters (LRU, THAW_ADAPTER_CACHE_SIZE
+            # of them are kept; listed adapters never leave); drop it from the model.
+            ...
+
         def __call__(self, input, call=None):
             # input: the request's JSON value.
             # call (optional second parameter): CallContext with call_id,
-            #   adapter (the adapter name the request asked for, or None) and
+            #   adapter (the adapter name the request asked for, or None; when
+            #   set, it is in ctx.adapters and load_adapter has seen it) and
             #   stream (whether the caller reads outputs as they are produced).
             # Return a JSON value, or yield JSON values (a generator): a
             # streaming caller gets each as it is produced; any other caller
@@ -41,6 +54,10 @@ Contract:
 - The weights dict is owned by the function from ``setup`` on: the worker
   keeps no other reference, so a model may adopt the tensors
   (``module.load_state_dict(ctx.weights, assign=True)``) without a copy.
+- An adapter a call names stays loaded until that call ends; ``load_adapter``
+  and ``unload_adapter`` run on call threads, one at a time, while other
+  calls may be running, so guard the model's active adapter with a lock.
+  An adapter the store does not have fails the call, saying so.
 - Return values and yielded chunks must be JSON-serializable (dict, list,
   str, int, float, bool, None); anything else fails the call.
 """

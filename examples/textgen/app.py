@@ -12,7 +12,9 @@ Input::
 A streaming caller gets ``{"text": "<piece>"}`` per generated token; any
 other caller gets ``{"text": "<all of it>", "tokens": N}``. Pass
 ``"adapter": "pirate"`` in the request to generate through that LoRA
-adapter (both are preloaded; switching is per call).
+adapter (both are preloaded; switching is per call). Any other adapter
+pushed with ``thaw models push`` can be named by ``NAME:TAG``: the worker
+loads it on first use (``load_adapter``) and keeps the most recently used.
 """
 
 from __future__ import annotations
@@ -37,11 +39,24 @@ class TextGen:
         with torch.device("meta"):
             model = LlamaForCausalLM(config)
         ctx.fill_module(model)
-        self.model = _with_adapters(model.eval(), ctx.adapters)
+        self.model: Any = model.eval()
         self.printable = _printable_mask(self.tokenizer, config.vocab_size)
-        self.adapters = sorted(ctx.adapters)
+        self.adapters: list[str] = []
         # One generation at a time: the active adapter is model state.
         self.lock = threading.Lock()
+        for adapter in ctx.adapters.values():
+            self.load_adapter(adapter)
+
+    def load_adapter(self, adapter: Any) -> None:
+        """Add a LoRA adapter to the model (PEFT); the worker calls this for new ones."""
+        with self.lock:
+            self.model = _add_adapter(self.model, adapter)
+            self.adapters = sorted({*self.adapters, adapter.name})
+
+    def unload_adapter(self, name: str) -> None:
+        with self.lock:
+            self.model.delete_adapter(name)
+            self.adapters = [a for a in self.adapters if a != name]
 
     def __call__(self, input: Any, call: Any) -> Any:
         params = _params(input)
@@ -124,19 +139,15 @@ def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator) 
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def _with_adapters(model: Any, adapters: dict[str, Any]) -> Any:
-    """Wrap the model with every adapter loaded (PEFT), or return it as is."""
-    if not adapters:
-        return model
+def _add_adapter(model: Any, adapter: Any) -> Any:
+    """``model`` with ``adapter`` loaded too (wrapped by PEFT on the first one)."""
     from peft import LoraConfig, PeftModel, set_peft_model_state_dict
 
-    peft_model: Any = None
-    for name, adapter in adapters.items():
-        fields = LoraConfig.__dataclass_fields__
-        config = LoraConfig(**{k: v for k, v in adapter.config.items() if k in fields})
-        if peft_model is None:
-            peft_model = PeftModel(model, config, adapter_name=name)
-        else:
-            peft_model.add_adapter(name, config)
-        set_peft_model_state_dict(peft_model, adapter.tensors, adapter_name=name)
-    return peft_model.eval()
+    fields = LoraConfig.__dataclass_fields__
+    config = LoraConfig(**{k: v for k, v in adapter.config.items() if k in fields})
+    if isinstance(model, PeftModel):
+        model.add_adapter(adapter.name, config)
+    else:
+        model = PeftModel(model, config, adapter_name=adapter.name)
+    set_peft_model_state_dict(model, adapter.tensors, adapter_name=adapter.name)
+    return model.eval()

@@ -93,9 +93,21 @@ def test_adapters_change_the_text_and_switch_per_call(replica: ProcessReplica) -
     assert call(replica, PROMPT)[0].output["text"] == base  # back to the base model
 
 
+def test_an_unlisted_adapter_is_loaded_by_name_and_tag_on_first_use(
+    replica: ProcessReplica,
+) -> None:
+    poet = call(replica, PROMPT, adapter="poet")[0]
+    [first] = call(replica, PROMPT, adapter="textgen-poet:v1")  # the same weights, unlisted
+    [again] = call(replica, PROMPT, adapter="textgen-poet:v1")
+    assert first.kind == "succeeded", first.error
+    assert first.output["text"] == poet.output["text"] == again.output["text"]
+    assert (poet.adapter_hit, first.adapter_hit, again.adapter_hit) == (True, False, True)
+    assert first.timings_ms["adapter_load"] > 0.0 == again.timings_ms["adapter_load"]
+
+
 def test_unknown_adapter_and_bad_input_fail_the_call_only(replica: ProcessReplica) -> None:
     [unknown] = call(replica, PROMPT, adapter="klingon")
-    assert unknown.kind == "failed" and "unknown adapter 'klingon'" in (unknown.error or "")
+    assert unknown.kind == "failed" and "adapter 'klingon' is not listed" in (unknown.error or "")
     [bad] = call(replica, {"text": "no prompt"})
     assert bad.kind == "failed" and "prompt" in (bad.error or "")
     assert call(replica, PROMPT)[0].kind == "succeeded"
