@@ -32,7 +32,7 @@ typecheck: install
 	$(VENV)/bin/mypy
 
 pytest: install
-	$(VENV)/bin/pytest -q -p no:cacheprovider
+	$(VENV)/bin/pytest -q -p no:cacheprovider -rfEs --durations=25
 
 # Every check runs even when an earlier one fails, so one run shows everything.
 test: system-deps install
