@@ -3,6 +3,7 @@ switched per call with each adapter's own output (checked against PEFT in-proces
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -10,13 +11,16 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from control_plane.protocol import RunCall, StartReplica
 from snapshotter.manifest import ArtifactKind
 from snapshotter.push import push_directory
 from snapshotter.registry import Registry
 from snapshotter.stores import LocalStore
+from tests.worker.recorder import Recorder
 from worker.adapters import AdapterCache, adapters_to_evict
 from worker.child_protocol import AdapterRef, ReplicaSpec, StoreSpec
-from worker.runtimes.base import CallRequest, CallUpdate
+from worker.replicas import ReplicaManager
+from worker.runtimes.base import CallRequest, CallUpdate, OnExit
 from worker.runtimes.process import ProcessReplica, ProcessRuntime
 from worker.sdk import Adapter
 
@@ -161,3 +165,52 @@ def test_per_call_adapters_match_peft_and_unlisted_ones_load_on_first_use(
         got = torch.tensor(update.output["logits"])
         torch.testing.assert_close(got, expected[name], rtol=1e-4, atol=1e-5)
     assert not torch.allclose(expected["a0"], expected["a1"])  # the comparison can fail
+
+
+def test_the_call_event_says_whether_the_adapter_was_loaded_and_how_long_it_took(
+    tmp_path: Path, llama_dir: Path, adapter_dirs: list[Path]
+) -> None:
+    registry = Registry(LocalStore(tmp_path / "store"))
+    model = push_directory(llama_dir, "llama:v1", registry)
+    push_directory(adapter_dirs[1], "ad1:v1", registry)
+    recorder = Recorder()
+    runtime = LoraRuntime()
+    manager = ReplicaManager(runtime, recorder.client(), _store_spec(tmp_path / "store", tmp_path))
+    try:
+        manager.start_replica(
+            StartReplica(
+                replica_id="r1",
+                function="lora",
+                version=1,
+                bundle_digest="blake3:" + "0" * 64,
+                entry="lora:Lora",
+                model_digest=model.digest,
+            )
+        )
+        for call_id in ("c1", "c2"):
+            manager.run_call(
+                RunCall(
+                    call_id=call_id,
+                    replica_id="r1",
+                    function="lora",
+                    input={"ids": IDS},
+                    adapter="ad1:v1",
+                    accepted_at=time.time(),
+                )
+            )
+    finally:
+        manager.close()
+        manager.stop_all()
+        runtime.close()
+    [miss] = [e for e in recorder.events("/v1/calls/c1/") if e["kind"] == "succeeded"]
+    [hit] = [e for e in recorder.events("/v1/calls/c2/") if e["kind"] == "succeeded"]
+    assert miss["adapter_hit"] is False and miss["timings_ms"]["adapter_load"] > 0.0
+    assert hit["adapter_hit"] is True and hit["timings_ms"]["adapter_load"] == 0.0
+
+
+class LoraRuntime(ProcessRuntime):
+    """Runs the LoRA test function from its directory instead of a pushed bundle."""
+
+    def start(self, spec: ReplicaSpec, on_exit: OnExit) -> ProcessReplica:
+        local = spec.model_copy(update={"bundle_dir": str(FUNCTIONS / "lora_model")})
+        return super().start(local, on_exit)
