@@ -12,8 +12,10 @@ from snapshotter.manifest import ArtifactKind
 from snapshotter.push import push_directory
 from snapshotter.registry import Registry
 from snapshotter.stores import open_store
+from tests.worker.test_pool import model_spec
 from tests.worker.test_specialize import FUNCTIONS, store_spec
 from worker.child_protocol import AdapterRef, ReplicaSpec
+from worker.pool import ProcessPool
 from worker.runtimes.base import CallRequest
 from worker.runtimes.process import ProcessRuntime
 
@@ -54,3 +56,30 @@ def test_cuda_replica_gets_weights_and_adapters_on_the_gpu(
     devices = {device for device, _shape in done.output["weights"].values()}
     assert devices == {"cuda:0"}
     assert replica.phases_ms["device_init"] > 0.0
+
+
+def test_a_pooled_cuda_process_starts_warm_and_a_restart_maps_the_ram_tier(
+    tmp_path: Path, llama_dir: Path
+) -> None:
+    registry = Registry(open_store(StoreConfig(url=str(tmp_path / "store"))))
+    model = push_directory(llama_dir, "llama:v1", registry).digest
+    spec = model_spec("r0", tmp_path / "store", model, tmp_path)
+    pool = ProcessPool(warm_size=1, store=spec.store, preload=("transformers", "peft"))
+    runtime = ProcessRuntime(pool)
+    loads = []
+    try:
+        for i in range(2):
+            runtime.prewarm_device("cuda")  # the loader and its pinned staging, before the start
+            cuda_spec = spec.model_copy(update={"replica_id": f"r{i}", "device": "cuda"})
+            replica = runtime.start(cuda_spec, lambda *_: None)
+            [done] = list(replica.call(CallRequest("c", {"ids": [1, 2, 3]})))
+            replica.stop()
+            assert done.kind == "succeeded", done.error
+            assert replica.phases_ms["process_start"] == replica.phases_ms["device_init"] == 0.0
+            [load] = replica.loads
+            loads.append(load)
+    finally:
+        runtime.close()
+    first, second = loads
+    assert first.store_gets > 0 and first.ram_bytes == 0
+    assert second.ram_bytes == second.tensor_bytes and second.store_gets == 0

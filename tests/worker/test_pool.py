@@ -51,7 +51,7 @@ def test_cuda_on_a_machine_without_it_says_so() -> None:
         spawn_generic("cuda")
 
 
-def _model_spec(replica_id: str, registry_dir: Path, model: str, tmp_path: Path) -> ReplicaSpec:
+def model_spec(replica_id: str, registry_dir: Path, model: str, tmp_path: Path) -> ReplicaSpec:
     store = StoreSpec(
         url=str(registry_dir),
         cache_dir=str(tmp_path / "cache"),
@@ -73,7 +73,7 @@ def _model_spec(replica_id: str, registry_dir: Path, model: str, tmp_path: Path)
 def test_a_pool_hit_skips_process_start_and_imports(tmp_path: Path, llama_dir: Path) -> None:
     registry = Registry(LocalStore(tmp_path / "store"))
     model = push_directory(llama_dir, "llama:v1", registry).digest
-    spec = _model_spec("r1", tmp_path / "store", model, tmp_path)
+    spec = model_spec("r1", tmp_path / "store", model, tmp_path)
     pool = ProcessPool(warm_size=1, store=spec.store, preload=("transformers", "peft"))
     runtime = ProcessRuntime(pool)
     try:
@@ -116,7 +116,7 @@ def test_a_replica_started_again_reads_its_weights_from_the_ram_tier(
     loads = []
     try:
         for i in range(2):
-            spec = _model_spec(f"r{i}", tmp_path, model.digest, tmp_path)
+            spec = model_spec(f"r{i}", tmp_path, model.digest, tmp_path)
             assert spec.store is not None
             store = spec.store.model_copy(
                 update={

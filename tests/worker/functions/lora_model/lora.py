@@ -25,6 +25,7 @@ class Lora:
         with torch.device("meta"):
             model = LlamaForCausalLM(LlamaConfig.from_dict(ctx.config))
         ctx.fill_module(model)
+        self.device = ctx.device
         self.model: Any = model.eval()
         self.loaded: list[str] = []
         self.lock = threading.Lock()  # the active adapter is model state
@@ -51,7 +52,7 @@ class Lora:
             self.loaded.remove(name)
 
     def __call__(self, input: Any, call: Any) -> Any:
-        ids = torch.tensor([input["ids"]])
+        ids = torch.tensor([input["ids"]], device=self.device)
         with self.lock, torch.inference_mode():
             switch: Any = contextlib.nullcontext()
             if call.adapter is None and self.loaded:
@@ -61,4 +62,4 @@ class Lora:
             with switch:
                 logits = self.model(input_ids=ids).logits[0, -1]
             loaded = sorted(self.loaded)
-        return {"logits": logits.tolist(), "preloaded": PRELOADED, "loaded": loaded}
+        return {"logits": logits.float().cpu().tolist(), "preloaded": PRELOADED, "loaded": loaded}
