@@ -94,10 +94,17 @@ class SwitchSamples:
     same: list[Sample]  # the next call, same adapter (the paired baseline)
 
     def overhead_s(self) -> list[float]:
-        """What switching added: each switch call minus its paired same-adapter call."""
+        """What switching added: each switch call's execution in the replica (Server-Timing
+        ``execution``) minus its paired same-adapter call's, so the control plane's and the
+        broker's jitter stay out; client round trips where a call lacks ``execution``."""
         return [
-            max(0.0, a.total_s - b.total_s) for a, b in zip(self.switch, self.same, strict=True)
+            max(0.0, _exec_s(a) - _exec_s(b)) for a, b in zip(self.switch, self.same, strict=True)
         ]
+
+
+def _exec_s(sample: Sample) -> float:
+    exec_ms = sample.server_timing_ms.get("execution")
+    return sample.total_s if exec_ms is None else exec_ms / 1000
 
 
 def adapter_switches(stack: BenchStack, function: str, n: int) -> SwitchSamples:

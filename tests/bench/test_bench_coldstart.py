@@ -62,7 +62,12 @@ def test_switch_overhead_pairs_each_switch_with_the_next_same_adapter_call() -> 
         switch=[Sample(0.30, False), Sample(0.10, False)],
         same=[Sample(0.25, False), Sample(0.12, False)],
     )
-    assert switches.overhead_s() == pytest.approx([0.05, 0.0])
+    assert switches.overhead_s() == pytest.approx([0.05, 0.0])  # no execution timing: totals
+    by_execution = SwitchSamples(
+        switch=[Sample(0.30, False, {"execution": 12.0})],
+        same=[Sample(0.10, False, {"execution": 10.0})],
+    )
+    assert by_execution.overhead_s() == pytest.approx([0.002])
 
 
 def test_ratios_compare_medians_and_the_adapter_p99_with_their_targets() -> None:
