@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench._coldstart_scenarios import Sample, TraceShape
-from bench._common import Column, TableSpec, percentile
+from bench._coldstart_scenarios import CALL_TIMINGS, Sample, TraceShape
+from bench._common import Column, TableSpec, markdown_table, percentile
 
 LABELS = {
     "naive": "naive: fresh process, torch+transformers, from_pretrained, forward",
@@ -111,8 +111,11 @@ def figures(
     }
 
 
-def _phase_text(phases_ms: dict[str, float], limit: int = 6) -> str:
-    top = sorted(phases_ms.items(), key=lambda kv: -kv[1])[:limit]
+def _phase_text(timing_ms: dict[str, float], limit: int = 6) -> str:
+    """The largest cold-start phases; call timings only for rows that have no phases."""
+    phases = {k: v for k, v in timing_ms.items() if k not in CALL_TIMINGS}
+    shown = phases if any(v >= 0.5 for v in phases.values()) else timing_ms
+    top = sorted(shown.items(), key=lambda kv: -kv[1])[:limit]
     return " ".join(f"{k}={v:.0f}" for k, v in top if v >= 0.5)
 
 
@@ -219,3 +222,16 @@ def write_png(doc: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The three tables as GitHub markdown (for ``bench/README.md``)."""
+    tables = (scenario_table(doc), trace_table(doc), ratio_table(doc))
+    return "\n\n".join(f"**{t.title}**\n\n{markdown_table(t)}" for t in tables)
+
+
+if __name__ == "__main__":  # python -m bench._coldstart_report results.json
+    import json
+    import sys
+
+    print(markdown(json.loads(Path(sys.argv[1]).read_text())))
