@@ -162,6 +162,13 @@ class WeightLoader:
         )
         self.loads: list[LoadStats] = []
 
+    def refresh_cache_index(self) -> None:
+        """Re-read the disk cache's index: other processes may have filled it since this
+        loader was built (a pooled process's loader is built long before its load)."""
+        cache = self.snapshotter.source.cache
+        if cache is not None:
+            cache.refresh()
+
     def prewarm(self, device: str) -> None:
         """Allocate the staging buffers for ``device`` now (CUDA; nothing on the CPU)."""
         self.snapshotter.prewarm(device)

@@ -100,6 +100,14 @@ class _Loaders:
     def __init__(self, store: StoreSpec | None, ready: WeightLoader | None) -> None:
         self.store = store
         self._loader = ready if ready is not None and ready.spec == store else None
+        self._stale = self._loader is not None
+
+    def refresh(self, phases_ms: dict[str, float]) -> None:
+        """Bring a loader built ahead up to date with the disk cache (once)."""
+        if self._loader is not None and self._stale:
+            with _phase(phases_ms, "weights_fetch"):
+                self._loader.refresh_cache_index()
+            self._stale = False
 
     def get(self) -> WeightLoader:
         if self._loader is None:
@@ -119,6 +127,7 @@ def _specialize(spec: ReplicaSpec, loaders: _Loaders, phases_ms: dict[str, float
     ctx = Context(device=spec.device, function=spec.function, replica_id=spec.replica_id)
     profile = None
     if spec.model_digest or spec.adapters:
+        loaders.refresh(phases_ms)
         profile = _load_model_and_adapters(spec, loaders.get(), ctx, phases_ms)
     with _phase(phases_ms, "user_setup"):
         instance = cls()

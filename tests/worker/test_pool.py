@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from snapshotter.config import StoreConfig
+from snapshotter import DiskCache, Snapshotter
+from snapshotter.config import CacheConfig, StoreConfig
 from snapshotter.push import push_directory
 from snapshotter.registry import Registry
 from snapshotter.stores import LocalStore, open_store
@@ -80,6 +81,9 @@ def test_a_pool_hit_skips_process_start_and_imports(tmp_path: Path, llama_dir: P
         runtime.prewarm_device("cpu")
         [pooled] = pool._warm["cpu"]
         assert pooled.phases_ms["imports"] > 0.0  # paid by the pool, before any request
+        # Another replica fills the disk cache after this process built its loader:
+        assert spec.store is not None
+        Snapshotter(registry, DiskCache(CacheConfig(Path(spec.store.cache_dir)))).load(model)
         replica = runtime.start(spec, lambda *_: None)
         assert replica.process.pid == pooled.pid
         [done] = list(replica.call(CallRequest("c1", {"ids": [1, 2, 3]})))
@@ -93,6 +97,8 @@ def test_a_pool_hit_skips_process_start_and_imports(tmp_path: Path, llama_dir: P
     # heavy libraries already imported by the generic process:
     assert done.output["preloaded"] == ["peft", "torch", "transformers"]
     assert phases["imports"] < pooled.phases_ms["imports"]
+    [load] = replica.loads  # its loader, built ahead, still sees what the cache holds now
+    assert load.cache_bytes == load.tensor_bytes and load.store_gets == 0
 
 
 def test_a_pool_miss_pays_process_start_and_imports(tmp_path: Path) -> None:
