@@ -102,18 +102,15 @@ class _Loaders:
         self._loader = ready if ready is not None and ready.spec == store else None
         self._stale = self._loader is not None
 
-    def refresh(self, phases_ms: dict[str, float]) -> None:
-        """Bring a loader built ahead up to date with the disk cache (once)."""
-        if self._loader is not None and self._stale:
-            with _phase(phases_ms, "weights_fetch"):
-                self._loader.refresh_cache_index()
-            self._stale = False
-
     def get(self) -> WeightLoader:
+        """The loader; one built ahead first re-reads the disk cache index (once)."""
         if self._loader is None:
             if self.store is None:
                 raise ValueError("the replica spec names weights but no store to read them from")
             self._loader = WeightLoader(open_registry(self.store), self.store)
+        elif self._stale:
+            self._loader.refresh_cache_index()
+        self._stale = False
         return self._loader
 
     def loads(self) -> list[LoadStats]:
@@ -127,8 +124,9 @@ def _specialize(spec: ReplicaSpec, loaders: _Loaders, phases_ms: dict[str, float
     ctx = Context(device=spec.device, function=spec.function, replica_id=spec.replica_id)
     profile = None
     if spec.model_digest or spec.adapters:
-        loaders.refresh(phases_ms)
-        profile = _load_model_and_adapters(spec, loaders.get(), ctx, phases_ms)
+        with _phase(phases_ms, "weights_fetch"):  # opening the store and caches
+            loader = loaders.get()
+        profile = _load_model_and_adapters(spec, loader, ctx, phases_ms)
     with _phase(phases_ms, "user_setup"):
         instance = cls()
         setup = getattr(instance, "setup", None)
