@@ -94,8 +94,8 @@ class AdapterCache:
     def use(self, name: str) -> Iterator[AdapterUse]:
         """Hold ``name`` loaded for the duration of a call; load it first on a miss.
 
-        Raises what the fetch raised (unknown adapter, store errors); then
-        nothing is loaded and nothing is held.
+        Raises what the fetch or the function's ``load_adapter`` raised
+        (unknown adapter, store errors); then nothing is loaded or held.
         """
         use = self._acquire(name)
         try:
@@ -108,10 +108,7 @@ class AdapterCache:
             hit = name in self.adapters
             t0 = time.perf_counter()
             if not hit:
-                adapter = self._fetch(name)
-                self.adapters[name] = adapter
-                if self._on_load is not None:
-                    self._on_load(adapter)
+                self._load_locked(name)
             load_ms = 0.0 if hit else (time.perf_counter() - t0) * 1000
             self._lru[name] = None
             self._lru.move_to_end(name)
@@ -121,6 +118,16 @@ class AdapterCache:
             self.stats.load_ms_total += load_ms
             self._evict_locked()
         return AdapterUse(name, hit, load_ms)
+
+    def _load_locked(self, name: str) -> None:
+        adapter = self._fetch(name)
+        self.adapters[name] = adapter
+        if self._on_load is not None:
+            try:
+                self._on_load(adapter)
+            except BaseException:
+                del self.adapters[name]  # the function does not have it: neither do we
+                raise
 
     def _release(self, name: str) -> None:
         with self._lock:

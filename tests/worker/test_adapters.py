@@ -86,6 +86,18 @@ def test_a_failed_fetch_holds_nothing() -> None:
     assert cache.adapters == {} and cache.stats.misses == 0
 
 
+def test_an_adapter_the_function_refuses_is_not_kept() -> None:
+    def refuse(adapter: Adapter) -> None:
+        raise ValueError(f"rank of {adapter.name} too large")
+
+    cache = AdapterCache({}, lambda name: Adapter(name, {}, {}), cap=2, on_load=refuse)
+    with pytest.raises(ValueError, match="too large"), cache.use("big:v1"):
+        pass
+    assert cache.adapters == {}
+    with pytest.raises(ValueError), cache.use("big:v1"):  # tried again, not a hit
+        pass
+
+
 # --- in a replica process, against PEFT ------------------------------------------
 def _store_spec(store_dir: Path, tmp_path: Path) -> StoreSpec:
     return StoreSpec(
