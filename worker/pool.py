@@ -150,6 +150,7 @@ class ProcessPool:
         self.store = store
         self.preload = preload
         self._warm: dict[str, list[GenericProcess]] = {}
+        self._handed_out: list[GenericProcess] = []
         self._starting = 0
         self._lock = threading.Lock()
         self._closed = False
@@ -161,15 +162,25 @@ class ProcessPool:
             while warm:
                 proc = warm.pop()
                 if proc.proc.poll() is None:
+                    self._handed_out.append(proc)
                     self._refill_later(device)
                     return proc, True
                 proc.kill()  # it died while waiting: reap it
-        return self._spawn(device), False
+        proc = self._spawn(device)
+        with self._lock:
+            self._handed_out.append(proc)
+        return proc, False
 
     def size(self) -> int:
         """Warm processes waiting to be acquired."""
         with self._lock:
             return sum(len(v) for v in self._warm.values())
+
+    def busy(self) -> int:
+        """Processes handed out and still alive: being specialized, or serving as replicas."""
+        with self._lock:
+            self._handed_out = [p for p in self._handed_out if p.proc.poll() is None]
+            return len(self._handed_out)
 
     def starting(self) -> int:
         """Processes being started to fill the pool."""

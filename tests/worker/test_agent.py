@@ -83,8 +83,8 @@ def test_register_consume_heartbeat_and_stop(
         lambda e: [r["state"] for r in e["replicas"]] == ["ready"],
     )
     assert beats[-1]["free_memory_bytes"] > 0
-    # No pool (warm size 0) and no inventory: reported as such, not left out.
-    assert (beats[-1]["pool_idle"], beats[-1]["pool_busy"], beats[-1]["holdings"]) == (0, 0, [])
+    # No warm processes (warm size 0), one serving as r1; no inventory: no holdings.
+    assert (beats[-1]["pool_idle"], beats[-1]["pool_busy"], beats[-1]["holdings"]) == (0, 1, [])
     assert beats[-1]["bandwidths"]["store_bytes_per_s"] is None
     dispatcher.stop_replica(agent.worker_id, StopReplica(replica_id="r1", reason="idle"))
     recorder.wait_for("/v1/replicas/r1/", lambda e: e["state"] == "stopped")

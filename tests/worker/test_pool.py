@@ -86,8 +86,10 @@ def test_a_pool_hit_skips_process_start_and_imports(tmp_path: Path, llama_dir: P
         Snapshotter(registry, DiskCache(CacheConfig(Path(spec.store.cache_dir)))).load(model)
         replica = runtime.start(spec, lambda *_: None)
         assert replica.process.pid == pooled.pid
+        assert runtime.pool_counts() in ((0, 1), (1, 1))  # idle (refilling), busy
         [done] = list(replica.call(CallRequest("c1", {"ids": [1, 2, 3]})))
         replica.stop()
+        assert pool.busy() == 0
     finally:
         runtime.close()
     phases = replica.phases_ms

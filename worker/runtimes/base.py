@@ -104,7 +104,7 @@ class Runtime(abc.ABC):
         return None
 
     def pool_counts(self) -> tuple[int, int] | None:
-        """(warm processes waiting, processes being started to refill), or None: no pool."""
+        """(warm processes waiting, processes handed out and alive), or None: no pool."""
         return None
 
     @abc.abstractmethod

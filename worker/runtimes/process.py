@@ -72,7 +72,7 @@ class ProcessRuntime(Runtime):
         self.pool.prewarm(device)
 
     def pool_counts(self) -> tuple[int, int] | None:
-        return self.pool.size(), self.pool.starting()
+        return self.pool.size(), self.pool.busy()
 
     def close(self) -> None:
         self.pool.close()
