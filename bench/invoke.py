@@ -1,0 +1,277 @@
+"""Invoke bench: warm call overhead over an in-process call, and no-op calls per second.
+
+    python bench/invoke.py [--duration-s 10] [--clients 1,16,64]
+                           [--broker filesystem|redis] [--json -|PATH] [--quick]
+
+Starts ``thaw server`` + one ``thaw worker`` (``bench._invoke_setup``), deploys
+a no-op function (``__call__`` returns its input) with one warm replica, then
+for each client count runs that many threads, each with its own keep-alive
+httpx client, doing synchronous ``POST /v1/functions/noop/invoke`` calls for a
+fixed duration. The baseline calls the same function object in this process.
+Overhead per percentile = thaw latency - in-process latency. The clients run
+on the same machine as thaw, so their own CPU counts against it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rich.console import Console
+
+from bench import _invoke_setup as setup
+from bench._common import Column, TableSpec, machine_description, percentile, render_table
+from bench._common import write_json as write_json_doc
+
+DEFAULT_DURATION_S = 10.0
+QUICK_DURATION_S = 3.0
+DEFAULT_CLIENTS = (1, 16, 64)
+QUICK_CLIENTS = (1, 4)
+QUANTILES = (50, 95, 99)
+TARGET_CLIENTS = 16
+TARGET_P50_MS = 3.0
+TARGET_P99_MS = 10.0
+TARGET_CALLS_PER_S = 500.0
+BASELINE_CALLS = 20_000
+
+
+@dataclass(frozen=True)
+class Options:
+    duration_s: float
+    clients: list[int]
+    broker: str
+    json: str | None
+    quick: bool
+
+
+@dataclass
+class ClientRun:
+    """What the clients of one client count saw; filled by the client threads."""
+
+    latencies_s: list[float] = field(default_factory=list)
+    failed: int = 0
+    cold: int = 0
+    first_error: str | None = None
+    elapsed_s: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def parse_clients(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(
+            f"--clients {text!r}: give comma-separated integers, e.g. 1,16,64"
+        ) from None
+    if not counts or min(counts) < 1:
+        raise SystemExit(f"--clients {text!r}: every count must be at least 1")
+    return counts
+
+
+def parse_args(argv: list[str]) -> Options:
+    p = argparse.ArgumentParser(prog="bench/invoke.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration-s", type=float, default=None, help="per client count (10; 3 quick)")
+    p.add_argument("--clients", default=None, help="comma-separated (1,16,64; 1,4 quick)")
+    p.add_argument("--broker", choices=setup.BROKERS, default="filesystem")
+    p.add_argument("--json", default=None, metavar="PATH", help="write results; '-' = stdout")
+    p.add_argument("--quick", action="store_true", help="short run, clients 1,4: a smoke run")
+    a = p.parse_args(argv)
+    duration_s = a.duration_s or (QUICK_DURATION_S if a.quick else DEFAULT_DURATION_S)
+    default_clients = QUICK_CLIENTS if a.quick else DEFAULT_CLIENTS
+    clients = parse_clients(a.clients) if a.clients else list(default_clients)
+    return Options(duration_s, clients, a.broker, a.json, a.quick)
+
+
+# --- measuring ----------------------------------------------------------------------
+def measure_in_process(fn: Callable[[Any], Any], calls: int = BASELINE_CALLS) -> list[float]:
+    """Per-call latency (s) of calling ``fn`` directly, with the same kind of input."""
+    out = []
+    for i in range(calls):
+        started = time.perf_counter()
+        fn({"i": i})
+        out.append(time.perf_counter() - started)
+    return out
+
+
+def _client_loop(stack: Any, run: ClientRun, stop_at: float, client_no: int) -> None:
+    """One client: synchronous invokes on one keep-alive connection until ``stop_at``."""
+    lat: list[float] = []
+    failed = cold = 0
+    error: str | None = None
+    url = f"/v1/functions/{setup.FUNCTION}/invoke"
+    with setup.invoke_client(stack) as c:
+        i = 0
+        while time.perf_counter() < stop_at:
+            body = {"input": {"c": client_no, "i": i}}
+            started = time.perf_counter()
+            try:
+                r = c.post(url, json=body)
+                ok = r.status_code == 200 and r.json()["output"] == body["input"]
+            except Exception as e:  # a failed call is counted and reported, not fatal
+                ok, error = False, error or f"{type(e).__name__}: {e}"
+            else:
+                if not ok:
+                    error = error or f"{r.status_code} {r.text[:200]}"
+                elif r.headers.get("X-Thaw-Cold") != "false":
+                    cold += 1
+            if ok:
+                lat.append(time.perf_counter() - started)
+            else:
+                failed += 1
+            i += 1
+    with run.lock:
+        run.latencies_s.extend(lat)
+        run.failed += failed
+        run.cold += cold
+        run.first_error = run.first_error or error
+
+
+def run_clients(stack: Any, clients: int, duration_s: float, console: Console) -> ClientRun:
+    """``clients`` threads invoking for ``duration_s``; progress printed once a second."""
+    run = ClientRun()
+    started = time.perf_counter()
+    stop_at = started + duration_s
+    threads = [
+        threading.Thread(target=_client_loop, args=(stack, run, stop_at, n), daemon=True)
+        for n in range(clients)
+    ]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        threads[0].join(timeout=1.0)
+        left_s = max(0.0, stop_at - time.perf_counter())
+        console.print(f"  {clients} clients: {left_s:4.0f} s left", style="dim")
+    for t in threads:
+        t.join()
+    run.elapsed_s = time.perf_counter() - started
+    return run
+
+
+# --- results (pure) ------------------------------------------------------------------
+def quantiles_ms(latencies_s: list[float]) -> dict[str, float]:
+    return {f"p{q}": percentile(latencies_s, q) * 1e3 for q in QUANTILES}
+
+
+def make_row(clients: int, run: ClientRun, baseline_ms: dict[str, float]) -> dict[str, Any]:
+    """One client count's row: thaw, in-process and overhead percentiles, calls/s."""
+    thaw_ms = quantiles_ms(run.latencies_s) if run.latencies_s else None
+    overhead = {k: thaw_ms[k] - baseline_ms[k] for k in baseline_ms} if thaw_ms else None
+    calls = len(run.latencies_s)
+    return {
+        "clients": clients,
+        "calls": calls,
+        "failed": run.failed,
+        "cold": run.cold,
+        "first_error": run.first_error,
+        "elapsed_s": run.elapsed_s,
+        "calls_per_s": calls / run.elapsed_s if run.elapsed_s > 0 else 0.0,
+        "thaw_ms": thaw_ms,
+        "in_process_ms": baseline_ms,
+        "overhead_ms": overhead,
+    }
+
+
+def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's targets and whether this run met them (``met`` None: not measured)."""
+    at16 = next((r for r in rows if r["clients"] == TARGET_CLIENTS and r["overhead_ms"]), None)
+    best = max((r["calls_per_s"] for r in rows), default=None)
+
+    def check(name: str, value: float | None, limit: float, upper: bool) -> dict[str, Any]:
+        met = None if value is None else (value <= limit if upper else value >= limit)
+        bound = "<=" if upper else ">="
+        return {"name": name, "target": f"{bound} {limit:g}", "value": value, "met": met}
+
+    p50 = at16["overhead_ms"]["p50"] if at16 else None
+    p99 = at16["overhead_ms"]["p99"] if at16 else None
+    return [
+        check(f"overhead p50 ms at {TARGET_CLIENTS} clients", p50, TARGET_P50_MS, True),
+        check(f"overhead p99 ms at {TARGET_CLIENTS} clients", p99, TARGET_P99_MS, True),
+        check("no-op calls per second (best row)", best, TARGET_CALLS_PER_S, False),
+    ]
+
+
+def results_table(doc: dict[str, Any]) -> TableSpec:
+    cols = ["clients", "calls", "failed", "calls/s", "+p50", "+p95", "+p99", "thaw p50"]
+    cols.append("in-proc p50")
+    spec = TableSpec(
+        title=f"thaw warm invoke: overhead (+) over in-process, ms ({doc['broker']} broker)",
+        columns=[Column(c) for c in cols],
+        caption=f"{doc['duration_s']:g} s per client count; {doc['machine']['cpus']} CPUs",
+    )
+    for r in doc["rows"]:
+        o, t = r["overhead_ms"] or {}, r["thaw_ms"] or {}
+        ms = [f"{o[k]:.2f}" if o else "-" for k in ("p50", "p95", "p99")]
+        counts = [str(r["clients"]), str(r["calls"]), str(r["failed"])]
+        thaw_p50 = f"{t['p50']:.2f}" if t else "-"
+        in_proc = f"{r['in_process_ms']['p50'] * 1e3:.1f} µs"
+        spec.rows.append([*counts, f"{r['calls_per_s']:.0f}", *ms, thaw_p50, in_proc])
+    return spec
+
+
+def targets_table(doc: dict[str, Any]) -> TableSpec:
+    spec = TableSpec("targets", [Column("target", "left"), Column("bound"), Column("value")])
+    spec.columns.append(Column("met"))
+    for t in doc["targets"]:
+        value = "-" if t["value"] is None else f"{t['value']:.2f}"
+        met = {True: "yes", False: "NO", None: "not measured"}[t["met"]]
+        spec.rows.append([t["name"], t["target"], value, met])
+    return spec
+
+
+# --- main ----------------------------------------------------------------------------
+def run_bench(opts: Options, console: Console) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="thaw-bench-invoke-") as tmp_name:
+        tmp = Path(tmp_name)
+        bundle_dir = setup.write_bundle(tmp / "bundle")
+        baseline_ms = quantiles_ms(measure_in_process(setup.load_in_process(bundle_dir)))
+        bundle = setup.push_bundle(bundle_dir, tmp / "store")
+        console.print(f"starting thaw ({opts.broker} broker) ...")
+        with setup.running(tmp, opts.broker, tmp / "store") as stack:
+            stack.deploy(setup.function_spec(bundle, max(opts.clients)))
+            setup.warm_up(stack)
+            rows = []
+            for clients in opts.clients:
+                console.print(f"{clients} clients for {opts.duration_s:g} s")
+                run = run_clients(stack, clients, opts.duration_s, console)
+                rows.append(make_row(clients, run, baseline_ms))
+    return {
+        "bench": "invoke",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "broker": opts.broker,
+        "duration_s": opts.duration_s,
+        "clients": opts.clients,
+        "rows": rows,
+        "targets": targets(rows),
+        "machine": machine_description(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(sys.argv[1:] if argv is None else argv)
+    # Progress and tables go to stderr when the JSON goes to stdout.
+    console = Console(stderr=opts.json == "-")
+    try:
+        doc = run_bench(opts, console)
+    except setup.SetupError as e:
+        console.print(f"[red]invoke bench: {e}[/red]")
+        return 2
+    render_table(results_table(doc), console)
+    render_table(targets_table(doc), console)
+    if opts.json:
+        write_json_doc(doc, opts.json)
+    return 0 if all(r["failed"] == 0 and r["calls"] > 0 for r in doc["rows"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

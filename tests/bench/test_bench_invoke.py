@@ -1,0 +1,66 @@
+"""The invoke bench runs end to end (``--quick``) and reports every client count.
+
+No timing assertions: speed claims live in bench/README.md, not in tests.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.invoke import ClientRun, make_row, parse_clients, targets
+
+REPO = Path(__file__).resolve().parents[2]
+BASELINE_MS = {"p50": 0.001, "p95": 0.002, "p99": 0.003}
+
+
+@pytest.mark.timeout(120)
+def test_quick_run_reports_every_client_count() -> None:
+    cmd = [sys.executable, "bench/invoke.py", "--quick", "--duration-s", "2", "--json", "-"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(proc.stdout)
+    assert doc["broker"] == "filesystem"
+    assert [r["clients"] for r in doc["rows"]] == [1, 4]
+    for row in doc["rows"]:
+        assert row["calls"] > 0 and row["failed"] == 0, row
+        assert row["cold"] == 0, row  # warmed up first: every timed call is warm
+        assert row["overhead_ms"]["p99"] >= row["overhead_ms"]["p50"] - 1e-9, row
+    assert [t["met"] for t in doc["targets"][:2]] == [None, None]  # no 16-client row
+    assert doc["targets"][2]["value"] > 0
+
+
+def row_with(clients: int, latencies_s: list[float], elapsed_s: float = 2.0) -> dict:
+    return make_row(clients, ClientRun(latencies_s=latencies_s, elapsed_s=elapsed_s), BASELINE_MS)
+
+
+def test_row_overhead_is_thaw_minus_in_process_per_percentile() -> None:
+    row = row_with(16, [0.002] * 99 + [0.012])
+    assert row["calls"] == 100 and row["calls_per_s"] == 50.0
+    assert row["overhead_ms"]["p50"] == pytest.approx(2.0 - 0.001)
+    assert row["overhead_ms"]["p99"] == pytest.approx(2.1 - 0.003)  # interpolated
+
+
+def test_targets_judge_the_16_client_row_and_the_best_throughput() -> None:
+    fast = row_with(16, [0.002] * 1000, elapsed_s=1.0)
+    slow = row_with(64, [0.050] * 100, elapsed_s=1.0)
+    got = {t["name"]: t["met"] for t in targets([fast, slow])}
+    assert list(got.values()) == [True, True, True]
+    got = {t["name"]: t["met"] for t in targets([row_with(16, [0.004] * 10, 1.0)])}
+    assert list(got.values()) == [False, True, False]
+
+
+def test_a_row_without_successful_calls_has_no_percentiles() -> None:
+    row = make_row(4, ClientRun(failed=3, elapsed_s=1.0), BASELINE_MS)
+    assert row["overhead_ms"] is None and row["calls_per_s"] == 0.0
+    assert [t["met"] for t in targets([row])] == [None, None, False]
+
+
+def test_clients_are_parsed_and_checked() -> None:
+    assert parse_clients("1,16, 64") == [1, 16, 64]
+    with pytest.raises(SystemExit, match="at least 1"):
+        parse_clients("0,4")
