@@ -16,6 +16,7 @@ import random
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,16 @@ BUNDLE_REF = "bundles/bench-noop:v1"
 REDIS_ADDR = ("127.0.0.1", 6379)
 PG_ADDR = ("127.0.0.1", 5432)
 BROKERS = ("filesystem", "redis")
+# The end-to-end tests' Stack shortens every interval (heartbeat 0.5 s, a worker
+# lost after 2 s) to make tests quick; under a saturating load that loses the
+# worker. The bench runs with the production defaults (control_plane/settings.py).
+PRODUCTION_ENV = {
+    "THAW_HEARTBEAT_INTERVAL_S": "5",
+    "THAW_WORKER_LOST_AFTER_HEARTBEATS": "3",
+    "THAW_RECONCILE_INTERVAL_S": "0.5",
+    "THAW_RESULT_POLL_INTERVAL_S": "0.25",
+    "THAW_BROKER_POLL_INTERVAL_S": "0.05",
+}
 
 # The function under test: returns its input. The bench also imports this very
 # file to call the same function object in-process (the baseline).
@@ -44,6 +55,14 @@ class Echo:
 
 class SetupError(RuntimeError):
     """The bench could not set thaw up; the message says what is missing."""
+
+
+@dataclass
+class BenchStack(Stack):
+    """A ``Stack`` whose server and worker run with ``PRODUCTION_ENV``."""
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {**super().env(**extra), **PRODUCTION_ENV}
 
 
 def write_bundle(bundle_dir: Path) -> Path:
@@ -122,7 +141,7 @@ def backend(name: str, tmp: Path) -> Iterator[Backend]:
 def running(tmp: Path, broker: str, store_dir: Path) -> Iterator[Stack]:
     """A server and one worker on the chosen backend; stopped on exit."""
     with backend(broker, tmp) as be:
-        stack = Stack(tmp / "stack", be, store_dir)
+        stack = BenchStack(tmp / "stack", be, store_dir, heartbeat_interval_s=5.0)
         try:
             stack.start_server()
             stack.start_worker("w1")

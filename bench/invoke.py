@@ -260,7 +260,7 @@ def run_bench(opts: Options, console: Console) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(sys.argv[1:] if argv is None else argv)
     # Progress and tables go to stderr when the JSON goes to stdout.
-    console = Console(stderr=opts.json == "-")
+    console = Console(stderr=opts.json == "-", width=max(Console().width, 110))
     try:
         doc = run_bench(opts, console)
     except setup.SetupError as e:
