@@ -44,6 +44,9 @@ TARGET_P50_MS = 3.0
 TARGET_P99_MS = 10.0
 TARGET_CALLS_PER_S = 500.0
 BASELINE_CALLS = 20_000
+# queue_wait: accepted -> started on the replica (routing + broker); execution: the
+# function; total: accepted -> result recorded by the worker.
+SPLIT_KEYS = ("queue_wait", "execution", "total")
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class ClientRun:
     """What the clients of one client count saw; filled by the client threads."""
 
     latencies_s: list[float] = field(default_factory=list)
+    # The call's own timings (``timings_ms`` of each response): where the time went.
+    server_ms: dict[str, list[float]] = field(default_factory=dict)
     failed: int = 0
     cold: int = 0
     first_error: str | None = None
@@ -107,6 +112,7 @@ def measure_in_process(fn: Callable[[Any], Any], calls: int = BASELINE_CALLS) ->
 def _client_loop(stack: Any, run: ClientRun, stop_at: float, client_no: int) -> None:
     """One client: synchronous invokes on one keep-alive connection until ``stop_at``."""
     lat: list[float] = []
+    server_ms: dict[str, list[float]] = {k: [] for k in SPLIT_KEYS}
     failed = cold = 0
     error: str | None = None
     url = f"/v1/functions/{setup.FUNCTION}/invoke"
@@ -127,11 +133,16 @@ def _client_loop(stack: Any, run: ClientRun, stop_at: float, client_no: int) -> 
                     cold += 1
             if ok:
                 lat.append(time.perf_counter() - started)
+                timings = r.json().get("timings_ms", {})
+                for k in SPLIT_KEYS:
+                    server_ms[k].append(float(timings.get(k, 0.0)))
             else:
                 failed += 1
             i += 1
     with run.lock:
         run.latencies_s.extend(lat)
+        for k, values in server_ms.items():
+            run.server_ms.setdefault(k, []).extend(values)
         run.failed += failed
         run.cold += cold
         run.first_error = run.first_error or error
@@ -179,6 +190,7 @@ def make_row(clients: int, run: ClientRun, baseline_ms: dict[str, float]) -> dic
         "thaw_ms": thaw_ms,
         "in_process_ms": baseline_ms,
         "overhead_ms": overhead,
+        "server_p50_ms": {k: percentile(v, 50) for k, v in run.server_ms.items() if v},
     }
 
 
@@ -203,19 +215,24 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def results_table(doc: dict[str, Any]) -> TableSpec:
     cols = ["clients", "calls", "failed", "calls/s", "+p50", "+p95", "+p99", "thaw p50"]
-    cols.append("in-proc p50")
+    cols += ["queue_wait p50", "worker total p50", "in-proc p50"]
     spec = TableSpec(
         title=f"thaw warm invoke: overhead (+) over in-process, ms ({doc['broker']} broker)",
         columns=[Column(c) for c in cols],
-        caption=f"{doc['duration_s']:g} s per client count; {doc['machine']['cpus']} CPUs",
+        caption=(
+            f"{doc['duration_s']:g} s per client count; {doc['machine']['cpus']} CPUs; "
+            "queue_wait = accepted -> started on the replica, worker total = accepted -> "
+            "result at the worker (the calls' own timings)"
+        ),
     )
     for r in doc["rows"]:
         o, t = r["overhead_ms"] or {}, r["thaw_ms"] or {}
         ms = [f"{o[k]:.2f}" if o else "-" for k in ("p50", "p95", "p99")]
         counts = [str(r["clients"]), str(r["calls"]), str(r["failed"])]
         thaw_p50 = f"{t['p50']:.2f}" if t else "-"
+        split = [f"{r['server_p50_ms'].get(k, 0.0):.2f}" for k in ("queue_wait", "total")]
         in_proc = f"{r['in_process_ms']['p50'] * 1e3:.1f} µs"
-        spec.rows.append([*counts, f"{r['calls_per_s']:.0f}", *ms, thaw_p50, in_proc])
+        spec.rows.append([*counts, f"{r['calls_per_s']:.0f}", *ms, thaw_p50, *split, in_proc])
     return spec
 
 

@@ -29,6 +29,7 @@ def test_quick_run_reports_every_client_count() -> None:
     for row in doc["rows"]:
         assert row["calls"] > 0 and row["failed"] == 0, row
         assert row["cold"] == 0, row  # warmed up first: every timed call is warm
+        assert set(row["server_p50_ms"]) == {"queue_wait", "execution", "total"}, row
         assert row["overhead_ms"]["p99"] >= row["overhead_ms"]["p50"] - 1e-9, row
     assert [t["met"] for t in doc["targets"][:2]] == [None, None]  # no 16-client row
     assert doc["targets"][2]["value"] > 0
