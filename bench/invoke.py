@@ -161,8 +161,9 @@ def run_clients(stack: Any, clients: int, duration_s: float, console: Console) -
         t.start()
     while any(t.is_alive() for t in threads):
         threads[0].join(timeout=1.0)
-        left_s = max(0.0, stop_at - time.perf_counter())
-        console.print(f"  {clients} clients: {left_s:4.0f} s left", style="dim")
+        left_s = stop_at - time.perf_counter()
+        status = f"{left_s:4.0f} s left" if left_s > 0 else "finishing calls in flight"
+        console.print(f"  {clients} clients: {status}", style="dim")
     for t in threads:
         t.join()
     run.elapsed_s = time.perf_counter() - started
