@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
@@ -21,6 +22,9 @@ from control_plane.protocol import HeartbeatReply, WorkerHeartbeat, WorkerRegist
 from control_plane.services import calls, inventory
 from control_plane.services.scheduler import WorkerSnapshot
 from control_plane.services.states import IN_FLIGHT_CALL_STATES, LIVE_REPLICA_STATES
+
+if TYPE_CHECKING:
+    from prometheus_client import Gauge
 
 MAX_REPLICAS_PER_WORKER = 16
 _STOPPABLE = (*LIVE_REPLICA_STATES, "draining")
@@ -151,16 +155,33 @@ def _abandon(
 
 
 def refresh_pool_gauges(session: Session, m: Metrics) -> None:
-    """Set each live worker's pool gauges from its latest heartbeat."""
-    for g in (m.worker_pool_size, m.worker_pool_idle, m.worker_pool_busy):
-        g.clear()
+    """Set each live worker's pool gauges from its latest heartbeat.
+
+    Values are overwritten in place and only the labels of workers that are
+    gone are removed, so a concurrent scrape never sees a live worker missing.
+    """
+    live: dict[str, set[str]] = {"size": set(), "idle": set(), "busy": set()}
     for w in session.scalars(select(Worker).where(Worker.lost.is_(False))):
         m.worker_pool_size.labels(w.id).set(w.pool_size)
+        live["size"].add(w.id)
         inv = inventory.decode(w.inventory_json)
         if inv.pool_idle is not None:
             m.worker_pool_idle.labels(w.id).set(inv.pool_idle)
+            live["idle"].add(w.id)
         if inv.pool_busy is not None:
             m.worker_pool_busy.labels(w.id).set(inv.pool_busy)
+            live["busy"].add(w.id)
+    gauges = {"size": m.worker_pool_size, "idle": m.worker_pool_idle, "busy": m.worker_pool_busy}
+    for kind, gauge in gauges.items():
+        for labels in _label_sets(gauge) - {(w,) for w in live[kind]}:
+            gauge.remove(*labels)
+
+
+def _label_sets(gauge: Gauge) -> set[tuple[str, ...]]:
+    """The label values a gauge currently exports."""
+    return {
+        tuple(sample.labels.values()) for metric in gauge.collect() for sample in metric.samples
+    }
 
 
 def snapshots(session: Session) -> list[WorkerSnapshot]:
