@@ -209,10 +209,13 @@ def _replicas_of(stack: Stack, replica_id: str) -> list[Any]:
 def test_scale_up_under_load(stack: Stack, e2e_store: E2EStore) -> None:
     scaling = {"min_replicas": 0, "max_replicas": 2, "idle_timeout_s": 120, "target_concurrency": 1}
     stack.deploy(probe_spec(e2e_store, "probe-load", scaling=scaling))
-    with ThreadPoolExecutor(4) as pool:
+    # Six 3 s calls keep one replica busy for 18 s, longer than a second replica
+    # takes to start even on a loaded machine (a fresh process imports torch,
+    # transformers and peft), so the second one is sure to serve some of them.
+    with ThreadPoolExecutor(6) as pool:
         results = list(
             pool.map(
-                lambda i: invoke(stack, "probe-load", {"input": {"i": i, "sleep_s": 3}}), range(4)
+                lambda i: invoke(stack, "probe-load", {"input": {"i": i, "sleep_s": 3}}), range(6)
             )
         )
     assert all(r.status_code == 200 for r in results), [r.text for r in results]
