@@ -37,6 +37,27 @@ def dataset_total(data: dict[str, Any], label: str) -> float:
     return sum(sum(d["data"]) for d in data["datasets"] if d["label"] == label)
 
 
+def wait_for_chart(c: Console, canvas_id: str, condition_js: str) -> dict[str, Any]:
+    """Wait until the chart on ``canvas_id`` satisfies ``condition_js`` (a function of
+    its ``data``); charts redraw after the page's own stats request returns."""
+    c.page.wait_for_function(  # type: ignore[attr-defined]
+        """([id, cond]) => {
+            const chart = Chart.getChart(document.getElementById(id));
+            return !!chart && new Function("data", "return " + cond)(chart.data);
+        }""",
+        arg=[canvas_id, condition_js],
+        timeout=30_000,
+    )
+    return chart_data(c, canvas_id)
+
+
+def series_total_js(label: str, total: int) -> str:
+    return (
+        f"data.datasets.filter(d => d.label === {label!r})"
+        f".reduce((s, d) => s + d.data.reduce((a, b) => a + b, 0), 0) === {total}"
+    )
+
+
 def deploy_via_api(platform: Platform, name: str, again: bool = False) -> None:
     """Deploy the streamer bundle as ``name`` through the REST API (setup for a test);
     ``again`` deploys a new version even when the function exists."""
@@ -100,16 +121,17 @@ def test_deploy_from_console_then_stream_and_see_it_in_the_charts(
     text = output.inner_text()
     assert '"token":"three"' in text and '"adapter":"lora0"' in text
 
-    hist = chart_data(console, "latency-chart")
+    hist = wait_for_chart(console, "latency-chart", series_total_js("cold", 1))
     assert dataset_total(hist, "cold") == 1 and dataset_total(hist, "warm") == 0
-    waterfall = chart_data(console, "waterfall-chart")
+    waterfall = wait_for_chart(console, "waterfall-chart", "data.labels.length >= 1")
     phases = {d["label"] for d in waterfall["datasets"]}
     assert len(waterfall["labels"]) == 1 and {"schedule", "weights_fetch"} <= phases
     # A second call is warm and lands in the histogram's other series.
     page.get_by_label("Stream the output").uncheck()
     invoke.click()
     page.locator("#pg-info").get_by_text("succeeded, warm").wait_for(timeout=30_000)
-    assert dataset_total(chart_data(console, "latency-chart"), "warm") == 1
+    hist = wait_for_chart(console, "latency-chart", series_total_js("warm", 1))
+    assert dataset_total(hist, "warm") == 1 and dataset_total(hist, "cold") == 1
     stats = page.locator("#fn-stats").inner_text()
     assert "serving" in stats and "50%" in stats
     console.screenshot("function-after-calls")
