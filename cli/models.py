@@ -25,7 +25,7 @@ from snapshotter.errors import SnapshotterError
 from snapshotter.manifest import ArtifactKind
 from snapshotter.pull import PullProgress, VerifyReport, pull, verify
 from snapshotter.push import PushProgress, PushResult, push_directory
-from snapshotter.registry import Registry
+from snapshotter.registry import Registry, chunk_key
 from snapshotter.stores import open_store
 
 app = typer.Typer(no_args_is_help=True, help="Push, list, pull and verify model artifacts.")
@@ -174,12 +174,25 @@ def pull_cmd(
 def verify_cmd(
     ref: Annotated[str, typer.Argument(help="NAME:TAG or a manifest digest")],
     store: StoreOption = None,
+    delete_bad: Annotated[
+        bool,
+        typer.Option(help="delete each corrupt chunk, so that pushing again re-uploads it"),
+    ] = False,
 ) -> None:
     """Check REF's manifest and every chunk; exit 1 and name each bad chunk if corrupt."""
     settings = Settings()
     with snapshotter_errors():
-        report = verify(ref, _registry(settings, store))
+        registry = _registry(settings, store)
+        report = verify(ref, registry)
+        if delete_bad:
+            for bad in report.bad_chunks:
+                registry.store.delete(chunk_key(bad.digest))
     _print_report(report)
+    if delete_bad and report.bad_chunks:
+        out.print(
+            f"deleted {len(report.bad_chunks)} bad chunks; push the artifact again to restore them",
+            soft_wrap=True,
+        )
     if not report.ok:
         raise typer.Exit(EXIT_CORRUPT)
 

@@ -38,10 +38,14 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class LoaderConfig:
+    """``lease_ttl_s > 0``: a load holds a lease on its manifest in the store while it
+    reads chunks, so a concurrent ``thaw gc`` keeps them (``snapshotter.leases``)."""
+
     chunk_size_bytes: int = DEFAULT_CHUNK_SIZE_BYTES
     max_inflight_bytes: int = 256 << 20
     fetch_threads: int = 16
     decode_threads: int = 4
+    lease_ttl_s: float = 0.0
 
 
 @dataclass(frozen=True)

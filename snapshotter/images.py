@@ -50,6 +50,7 @@ from snapshotter.layers import (
     put_layer,
     read_layer,
 )
+from snapshotter.leases import LeaseKeeper, confirm_stored
 from snapshotter.manifest import DEFAULT_CHUNK_SIZE_BYTES
 from snapshotter.registry import Reference, Registry
 
@@ -238,16 +239,19 @@ def push_image_archive(
     tag is written; already-uploaded chunks stay, unreferenced).
     """
     reference = image_reference(ref)
-    sink = ChunkSink(registry, progress)
-    tocs, small = _read_archive(stream, sink, chunk_size_bytes)
-    manifest = _docker_manifest(small)
-    layer_paths = [str(p) for p in manifest.get("Layers", [])]
-    ordered = [_layer_for(p, tocs, small, sink, chunk_size_bytes) for p in layer_paths]
-    digests = tuple(put_layer(registry, toc) for toc in ordered)
-    config = _image_config(small, str(manifest.get("Config", "")))
-    image = Image(digests, config, dict(annotations or {}))
-    digest = put_image(registry, image)
-    set_image_tag(registry, str(reference), digest)
+    with LeaseKeeper(registry.store, f"push image {reference}") as lease:
+        sink = ChunkSink(registry, progress, lease=lease)
+        tocs, small = _read_archive(stream, sink, chunk_size_bytes)
+        manifest = _docker_manifest(small)
+        layer_paths = [str(p) for p in manifest.get("Layers", [])]
+        ordered = [_layer_for(p, tocs, small, sink, chunk_size_bytes) for p in layer_paths]
+        config = _image_config(small, str(manifest.get("Config", "")))
+        image = Image(tuple(t.digest for t in ordered), config, dict(annotations or {}))
+        lease.protect(manifests=[*image.layers, image.digest])  # any kind: see snapshotter.gc
+        digests = tuple(put_layer(registry, toc) for toc in ordered)
+        confirm_stored(lease, sink.found, registry.has_chunk, registry.store.url)
+        digest = put_image(registry, image)
+        set_image_tag(registry, str(reference), digest)
     merged = merge_layers(ordered)
     return ImagePushResult(
         ref=str(reference),

@@ -48,6 +48,7 @@ from snapshotter import codec
 from snapshotter.chunking import plan_chunks
 from snapshotter.digest import Hasher, digest_bytes, hex_part, is_digest
 from snapshotter.errors import BadArtifactError, IntegrityError, NotFoundError
+from snapshotter.leases import LeaseKeeper
 from snapshotter.manifest import DEFAULT_CHUNK_SIZE_BYTES, ChunkRef
 from snapshotter.registry import Registry
 
@@ -231,7 +232,9 @@ class ChunkSink:
     """Frames and uploads chunks, skipping digests already stored or seen.
 
     Shared by every layer of a push, so a chunk repeated across layers and
-    images is uploaded once. Not thread-safe.
+    images is uploaded once. Not thread-safe. With a ``lease``, every chunk is
+    named in it before it is looked up, and ``found`` keeps those already
+    stored, for ``snapshotter.leases.confirm_stored`` before the tag.
     """
 
     registry: Registry
@@ -241,6 +244,8 @@ class ChunkSink:
     chunks_new: int = 0
     chunks_deduplicated: int = 0
     new_stored_bytes: int = 0
+    lease: LeaseKeeper | None = None
+    found: set[str] = field(default_factory=set)
 
     def put(self, raw: bytes, offset: int) -> ChunkRef:
         digest = digest_bytes(raw)
@@ -248,8 +253,11 @@ class ChunkSink:
         if known is None:
             framed, used = codec.encode(raw)
             known = (len(framed), used.label)
+            if self.lease is not None:
+                self.lease.add(chunks=[digest])
             if self.registry.has_chunk(digest):
                 self.chunks_deduplicated += 1
+                self.found.add(digest)
             else:
                 self.registry.put_chunk(digest, framed)
                 self.chunks_new += 1

@@ -24,7 +24,9 @@ goes where, in which order) is ``snapshotter.load_plan``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -33,6 +35,7 @@ import torch
 from snapshotter.cache import DiskCache
 from snapshotter.config import LoaderConfig
 from snapshotter.errors import IntegrityError, StoreError
+from snapshotter.leases import LeaseKeeper
 from snapshotter.load_plan import ChunkWork, LoadPlan, plan_load, tensor_view
 from snapshotter.loader_ram import keep, place_held
 from snapshotter.manifest import Manifest
@@ -40,6 +43,8 @@ from snapshotter.pipeline import StageTotals, Target, run_pipeline
 from snapshotter.ram_tier import RamTier
 from snapshotter.registry import Reference, Registry
 from snapshotter.source import ChunkSource
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from control_plane.settings import Settings
@@ -222,12 +227,13 @@ class Snapshotter:
         if held is not None:
             return held
         plan = self._plan(digest, manifest, use_profile)
-        buffers = [torch.empty(f.data_bytes, dtype=torch.uint8, device=dev) for f in plan.files]
-        setup_s = time.perf_counter() - start
-        try:
-            totals = self._run(plan, buffers, dev)
-        except IntegrityError as exc:
-            raise type(exc)(f"{ref}: {exc}") from exc
+        with self._lease(str(ref), digest, plan):
+            buffers = [torch.empty(f.data_bytes, dtype=torch.uint8, device=dev) for f in plan.files]
+            setup_s = time.perf_counter() - start
+            try:
+                totals = self._run(plan, buffers, dev)
+            except IntegrityError as exc:
+                raise type(exc)(f"{ref}: {exc}") from exc
         insert_s = 0.0
         if self.ram_tier is not None:
             buffers, insert_s = keep(self.ram_tier, digest, manifest.to_json(), plan, buffers)
@@ -236,6 +242,30 @@ class Snapshotter:
         tensors.report = _report(str(ref), digest, dev, plan, totals, setup_s, start)
         tensors.report = replace(tensors.report, ram_tier_insert_s=insert_s)
         return tensors
+
+    @contextlib.contextmanager
+    def _lease(self, ref: str, digest: str, plan: LoadPlan) -> Iterator[None]:
+        """A lease on the manifest while chunks are read from the store; none when leases
+        are off, when every chunk is cached (a cached start makes no store request), or
+        when the store refuses writes (read-only: GC's grace period is the only guard)."""
+        cache = self.source.cache
+        cached = cache is not None and all(w.chunk.digest in cache for w in plan.work)
+        if self.config.lease_ttl_s <= 0 or cached:
+            yield
+            return
+        keeper = LeaseKeeper(
+            self.registry.store, f"load {ref}", ttl_s=self.config.lease_ttl_s, manifests=[digest]
+        )
+        try:
+            keeper.__enter__()
+        except StoreError as exc:
+            log.warning("loading %s without a gc lease: %s", ref, exc)
+            yield
+            return
+        try:
+            yield
+        finally:
+            keeper.__exit__(None, None, None)
 
     def _load_held(
         self, ref: str, digest: str, manifest: Manifest, dev: torch.device, start: float

@@ -96,7 +96,8 @@ def fetch_chunk(registry: Registry, chunk: ChunkRef, ref: str) -> bytes:
     if actual != chunk.digest:
         raise IntegrityError(
             f"{ref}: chunk {chunk.digest} is corrupt in store {registry.store.url} "
-            f"(its bytes hash to {actual}); push the artifact again"
+            f"(its bytes hash to {actual}); run `thaw models verify {ref} --delete-bad`, "
+            "then push the artifact again"
         )
     return raw
 

@@ -7,7 +7,10 @@ Order of work, which is what makes a push safe to interrupt and resume::
     2. per chunk, in a thread pool: digest (blake3) → frame (zstd if it
        saves ≥ 10%) → upload unless the store already holds that digest
     3. the manifest, unless already stored
-    4. the tag, last
+    4. re-check that the chunks found already stored (not uploaded) are still
+       there: a concurrent garbage collection may have swept them (see
+       ``snapshotter.gc``); if one is gone, fail with "push again"
+    5. the tag, last
 
 A push that dies in step 2 leaves only whole chunks behind (stores write
 atomically); pushing again skips them and yields the same manifest digest,
@@ -35,6 +38,7 @@ from snapshotter.artifact_dir import ArtifactDir, SourceFile, inspect_directory
 from snapshotter.chunking import Span, plan_chunks
 from snapshotter.digest import Hasher, digest_bytes, hex_part
 from snapshotter.errors import BadArtifactError, InvalidReferenceError
+from snapshotter.leases import DEFAULT_LEASE_TTL_S, LeaseKeeper, confirm_stored
 from snapshotter.manifest import (
     DEFAULT_CHUNK_SIZE_BYTES,
     ArtifactKind,
@@ -88,12 +92,16 @@ def push_directory(
     progress: ProgressFn | None = None,
     threads: int = DEFAULT_PUSH_THREADS,
     annotations: Mapping[str, str] | None = None,
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
 ) -> PushResult:
     """Push the directory at ``path`` and tag it ``ref`` (NAME:TAG).
 
     ``kind`` defaults to adapter when ``adapter_config.json`` is present, else
     model. Raises ``BadArtifactError`` (nothing written) for refused input and
     ``StoreError`` if the store fails (whole chunks may remain; push again).
+    A lease (``snapshotter.leases``) protects the chunks found already stored
+    and the manifest from a concurrent ``thaw gc``; chunks it uploads are
+    protected by GC's grace period.
     """
     reference = ref if isinstance(ref, Reference) else Reference.parse(str(ref))
     if reference.digest:
@@ -102,19 +110,22 @@ def push_directory(
         raise ValueError(f"chunk_size_bytes must be positive, got {chunk_size_bytes}")
     artifact = inspect_directory(Path(path), kind)
     plans = [(f, _plan(f, chunk_size_bytes)) for f in artifact.files]
-    uploader = _Uploader(registry, artifact, sum(len(s) for _, s in plans), progress)
-    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="thaw-push") as pool:
-        entries = tuple(uploader.push_file(pool, f, spans, 2 * threads) for f, spans in plans)
-    manifest = Manifest(
-        kind=artifact.kind,
-        files=entries,
-        chunk_size_bytes=chunk_size_bytes,
-        annotations=dict(annotations or {}),
-    )
-    digest = manifest.digest
-    if not registry.store.exists(f"manifests/{hex_part(digest)}"):
-        registry.put_manifest(manifest)
-    registry.set_tag(reference, digest)
+    with LeaseKeeper(registry.store, f"push {reference}", ttl_s=lease_ttl_s) as lease:
+        uploader = _Uploader(registry, artifact, sum(len(s) for _, s in plans), progress, lease)
+        with ThreadPoolExecutor(max(1, threads), thread_name_prefix="thaw-push") as pool:
+            entries = tuple(uploader.push_file(pool, f, spans, 2 * threads) for f, spans in plans)
+        manifest = Manifest(
+            kind=artifact.kind,
+            files=entries,
+            chunk_size_bytes=chunk_size_bytes,
+            annotations=dict(annotations or {}),
+        )
+        digest = manifest.digest
+        lease.protect(manifests=[digest])
+        if not registry.store.exists(f"manifests/{hex_part(digest)}"):
+            registry.put_manifest(manifest)
+        uploader.recheck_found()
+        registry.set_tag(reference, digest)
     return uploader.result(str(reference), digest, manifest)
 
 
@@ -157,8 +168,11 @@ class _Uploader:
         artifact: ArtifactDir,
         chunks_total: int,
         progress: ProgressFn | None,
+        lease: LeaseKeeper,
     ) -> None:
         self._registry = registry
+        self._lease = lease
+        self._found: set[str] = set()  # already stored, not uploaded: re-checked at the end
         self._bytes_total = artifact.size_bytes
         self._chunks_total = chunks_total
         self._progress = progress
@@ -200,10 +214,21 @@ class _Uploader:
         with self._lock:
             first = digest not in self._tally.claimed
             self._tally.claimed.add(digest)
-        uploaded = first and not self._registry.has_chunk(digest)
+        if not first:
+            return _Outcome(digest, len(framed), used.label, False)
+        self._lease.add(chunks=[digest])
+        uploaded = not self._registry.has_chunk(digest)
         if uploaded:
             self._registry.put_chunk(digest, framed)
+        else:
+            with self._lock:
+                self._found.add(digest)
         return _Outcome(digest, len(framed), used.label, uploaded)
+
+    def recheck_found(self) -> None:
+        """Raise ``StoreError`` if a chunk found already stored has since been deleted."""
+        registry = self._registry
+        confirm_stored(self._lease, self._found, registry.has_chunk, registry.store.url)
 
     def _collect(self, span: Span, future: Future[_Outcome]) -> ChunkRef:
         out = future.result()

@@ -157,12 +157,14 @@ class ChunkSource:
             codec.decode_into(obj, dest, chunk.size)
         except IntegrityError as exc:
             raise type(exc)(
-                f"chunk {chunk.digest} from store {self.registry.store.url} is corrupt: {exc}"
+                f"chunk {chunk.digest} from store {self.registry.store.url} is corrupt: {exc}; "
+                "run `thaw models verify REF --delete-bad`, then push the artifact again"
             ) from exc
         if not _matches(dest, chunk):
             raise IntegrityError(
                 f"chunk {chunk.digest} from store {self.registry.store.url} does not match its "
-                "digest; the store is corrupt: push the artifact again"
+                "digest; the store is corrupt: run `thaw models verify REF --delete-bad`, then "
+                "push the artifact again (a push skips chunks already stored)"
             )
 
     def _write_through(self, chunk: ChunkRef, verified: memoryview) -> None:

@@ -7,6 +7,10 @@ layout above this interface (see ``snapshotter.registry``)::
     manifests/<hex>             a manifest's canonical JSON
     tags/<name>/<tag>           the digest a NAME:TAG points at, as text
     profiles/<hex>              a manifest's recorded prefetch order (JSON)
+    layers/<hex>, images/<hex>  container layer TOCs and images (``snapshotter.images``)
+    image-tags/<name>/<tag>     the digest an image NAME:TAG points at
+    leases/<id>.json            what a push or load in progress protects (``snapshotter.leases``)
+    gc/plans/<id>.json          a garbage collection's plan (``snapshotter.gc``)
 
 A reader never sees a partial object: ``put`` is all or nothing.
 """
@@ -15,6 +19,9 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator
+from dataclasses import dataclass
+
+from snapshotter.errors import StoreError
 
 
 def check_key(key: str) -> str:
@@ -23,6 +30,15 @@ def check_key(key: str) -> str:
     if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
         raise ValueError(f"invalid store key {key!r}")
     return key
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One stored object as a listing sees it (garbage collection reads ages)."""
+
+    key: str
+    size_bytes: int
+    modified_s: float  # seconds since the epoch
 
 
 class Store(abc.ABC):
@@ -48,6 +64,13 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def list(self, prefix: str) -> Iterator[str]:
         """Keys under ``prefix`` (a folder-like prefix ending in ``/``), any order."""
+
+    def list_info(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Keys under ``prefix`` with size and last-modified time, any order.
+
+        Stores that cannot tell an object's age raise ``StoreError`` (GC needs it).
+        """
+        raise StoreError(f"store {self.url} cannot list object ages; garbage collection needs them")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"

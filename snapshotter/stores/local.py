@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from snapshotter.errors import NotFoundError, StoreError
-from snapshotter.stores.base import Store, check_key
+from snapshotter.stores.base import ObjectInfo, Store, check_key
 
 
 class LocalStore(Store):
@@ -59,3 +59,11 @@ class LocalStore(Store):
                 if name.startswith(".tmp-"):
                     continue
                 yield str((Path(dirpath) / name).relative_to(self.root))
+
+    def list_info(self, prefix: str) -> Iterator[ObjectInfo]:
+        for key in self.list(prefix):
+            try:
+                st = (self.root / key).stat()
+            except FileNotFoundError:
+                continue  # deleted since it was listed
+            yield ObjectInfo(key, st.st_size, st.st_mtime)

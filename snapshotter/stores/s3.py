@@ -23,7 +23,7 @@ from botocore.exceptions import (
 
 from snapshotter.config import S3Config
 from snapshotter.errors import NotFoundError, StoreError
-from snapshotter.stores.base import Store, check_key
+from snapshotter.stores.base import ObjectInfo, Store, check_key
 
 _MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
 _CONNECT_TIMEOUT_S = 10
@@ -100,6 +100,17 @@ class S3Store(Store):
             for page in paginator.paginate(Bucket=self.bucket, Prefix=base + prefix):
                 for obj in page.get("Contents", []):
                     yield str(obj["Key"])[len(base) :]
+        except (ClientError, BotoCoreError) as exc:
+            self._raise(exc, "list", prefix or "(all keys)")
+
+    def list_info(self, prefix: str) -> Iterator[ObjectInfo]:
+        base = f"{self.prefix}/" if self.prefix else ""
+        paginator = self._client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=base + prefix):
+                for obj in page.get("Contents", []):
+                    key = str(obj["Key"])[len(base) :]
+                    yield ObjectInfo(key, int(obj["Size"]), obj["LastModified"].timestamp())
         except (ClientError, BotoCoreError) as exc:
             self._raise(exc, "list", prefix or "(all keys)")
 
