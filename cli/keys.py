@@ -26,9 +26,19 @@ def create(
     scope: Annotated[list[Scope], typer.Option("--scope", help="repeatable")],
     name: Annotated[str, typer.Option(help="a label for people")] = "",
     function: Annotated[str | None, typer.Option(help="limit the key to one function")] = None,
+    rate: Annotated[float | None, typer.Option(help="invokes per second (429 above)")] = None,
+    burst: Annotated[
+        int | None, typer.Option(help="invokes at once (default: 1 s of --rate)")
+    ] = None,
 ) -> None:
     """Create a key; its token is printed once."""
-    body = {"scopes": [s.value for s in scope], "name": name, "function": function}
+    body = {
+        "scopes": [s.value for s in scope],
+        "name": name,
+        "function": function,
+        "rate_per_s": rate,
+        "rate_burst": burst,
+    }
     with client(Settings()) as c:
         key = check(c.post("/v1/keys", json=body))
     out.print(f"key {key['id']} ({', '.join(key['scopes'])}); store this token now:")
@@ -40,10 +50,12 @@ def ls() -> None:
     """List keys (never their secrets)."""
     with client(Settings()) as c:
         keys = check(c.get("/v1/keys"))
-    table = Table("id", "name", "scopes", "function", "revoked")
+    table = Table("id", "name", "scopes", "function", "rate", "revoked")
     for k in keys:
         revoked = "yes" if k["revoked_at"] else ""
-        table.add_row(k["id"], k["name"], ",".join(k["scopes"]), k["function"] or "", revoked)
+        rate = f"{k['rate_per_s']:g}/s burst {k['rate_burst']}" if k.get("rate_per_s") else ""
+        scopes = ",".join(k["scopes"])
+        table.add_row(k["id"], k["name"], scopes, k["function"] or "", rate, revoked)
     out.print(table)
 
 

@@ -3,7 +3,8 @@
 A key reads ``thaw_<id>_<secret>``: ``id`` (12 hex) is stored in clear for
 lookup, ``secret`` (32 random bytes, urlsafe base64) only as its SHA-256.
 A key holds scopes (admin, deploy, invoke, worker) and may be limited to one
-function. ``admin`` implies every other scope.
+function. ``admin`` implies every other scope. A key may carry a rate limit on
+its invokes (``rate_per_s``, ``rate_burst``; see ``services.ratelimit``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from control_plane.errors import (
     NotFoundError,
     UnauthorizedError,
 )
+from control_plane.services.ratelimit import Limit
 
 SCOPES = ("admin", "deploy", "invoke", "worker")
 KEY_PREFIX = "thaw_"
@@ -36,6 +38,7 @@ class Principal:
     key_id: str
     scopes: frozenset[str]
     function: str | None = None
+    rate: Limit | None = None
 
     def require(self, scope: str, function: str | None = None) -> None:
         """Raise ``ForbiddenError`` unless this key may use ``scope`` (on ``function``)."""
@@ -59,6 +62,8 @@ class KeyInfo:
     function: str | None
     created_at: float
     revoked_at: float | None
+    rate_per_s: float | None = None
+    rate_burst: int | None = None
 
 
 def _sha256(secret: str) -> str:
@@ -79,6 +84,7 @@ def create_key(
     scopes: Iterable[str],
     name: str = "",
     function: str | None = None,
+    rate: Limit | None = None,
 ) -> tuple[str, KeyInfo]:
     """Store a new key; return (the full token, shown once; its info)."""
     key_id = secrets.token_hex(6)
@@ -90,6 +96,8 @@ def create_key(
         scopes=",".join(_check_scopes(scopes)),
         function=function,
         created_at=now,
+        rate_per_s=rate.rate_per_s if rate else None,
+        rate_burst=rate.burst if rate else None,
     )
     session.add(row)
     session.flush()
@@ -106,8 +114,12 @@ def authenticate(session: Session, token: str | None) -> Principal:
     expected = row.secret_sha256 if row is not None else "0" * 64
     ok = hmac.compare_digest(expected, _sha256(secret))
     if row is None or not ok or row.revoked_at is not None:
-        raise UnauthorizedError("invalid or revoked API key")
-    return Principal(row.id, frozenset(row.scopes.split(",")), row.function)
+        raise UnauthorizedError(
+            "invalid or revoked API key; check THAW_API_KEY, or ask an admin for a new key "
+            "(`thaw keys create`)"
+        )
+    rate = Limit.of(row.rate_per_s, row.rate_burst)
+    return Principal(row.id, frozenset(row.scopes.split(",")), row.function, rate)
 
 
 def _split(token: str) -> tuple[str, str]:
@@ -143,5 +155,12 @@ def bootstrap_admin(session: Session, now: float) -> str | None:
 
 def _info(row: ApiKey) -> KeyInfo:
     return KeyInfo(
-        row.id, row.name, row.scopes.split(","), row.function, row.created_at, row.revoked_at
+        row.id,
+        row.name,
+        row.scopes.split(","),
+        row.function,
+        row.created_at,
+        row.revoked_at,
+        row.rate_per_s,
+        row.rate_burst,
     )

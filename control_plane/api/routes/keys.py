@@ -7,6 +7,7 @@ from fastapi import APIRouter
 from control_plane.api.deps import PrincipalDep, ServicesDep
 from control_plane.api.schemas import KeyCreate, KeyCreated, KeyPublic
 from control_plane.services import keys
+from control_plane.services.ratelimit import key_limit
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
 
@@ -15,7 +16,10 @@ router = APIRouter(prefix="/v1/keys", tags=["keys"])
 def create_key(body: KeyCreate, who: PrincipalDep, services: ServicesDep) -> KeyCreated:
     who.require("admin")
     with services.db.session() as s:
-        token, info = keys.create_key(s, services.clock(), body.scopes, body.name, body.function)
+        rate = key_limit(body.rate_per_s, body.rate_burst)
+        token, info = keys.create_key(
+            s, services.clock(), body.scopes, body.name, body.function, rate
+        )
     return KeyCreated(token=token, **KeyPublic.of(info).model_dump())
 
 
