@@ -1,0 +1,56 @@
+"""BatchRunner with the replica's real adapter cache: a batch naming an adapter that
+the function does not list loads it once for the batch, and every answer says what
+the replica holds afterwards (the router prefers holders)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from worker.adapters import AdapterCache
+from worker.batch_calls import BatchRunner
+from worker.child_protocol import FROM_CHILD, CallMsg, Result
+from worker.sdk import Adapter
+
+
+class Upper:
+    def batch(self, inputs: list[str]) -> list[str]:
+        return [s.upper() for s in inputs]
+
+
+class Replica:
+    instance = Upper()
+
+
+def _runner(cache: AdapterCache, sent: list[Any]) -> BatchRunner:
+    def use(name: str | None) -> Any:
+        return cache.use(name) if name is not None else contextlib.nullcontext(None)
+
+    def loaded(name: str | None) -> list[str] | None:
+        return cache.loaded() if name is not None else None
+
+    return BatchRunner(Replica(), lambda m: sent.append(FROM_CHILD.validate_python(m)), use, loaded)
+
+
+def test_a_batch_reports_the_adapters_the_replica_holds_after_it() -> None:
+    fetched: list[str] = []
+
+    def fetch(ref: str) -> Adapter:
+        fetched.append(ref)
+        return Adapter(ref, {}, {})
+
+    cache = AdapterCache({"listed": Adapter("listed", {}, {})}, fetch, cap=1)
+    sent: list[Any] = []
+    runner = _runner(cache, sent)
+    runner.run([CallMsg(call_id=f"c{i}", input="x", adapter="new:v1") for i in range(3)], [0.0] * 3)
+    runner.run([CallMsg(call_id="plain", input="y")], [0.0])
+    runner.run([CallMsg(call_id="other", input="z", adapter="other:v1")], [0.0])
+    results = {m.call_id: m for m in sent if isinstance(m, Result)}
+    assert fetched == ["new:v1", "other:v1"]  # once for the whole batch
+    assert [results[f"c{i}"].output for i in range(3)] == ["X", "X", "X"]
+    assert {tuple(results[f"c{i}"].loaded_adapters or []) for i in range(3)} == {
+        ("listed", "new:v1")
+    }
+    assert results["plain"].loaded_adapters is None  # no adapter named: nothing changed
+    # The cap of 1 on-demand adapter evicted new:v1 once other:v1 was released.
+    assert results["other"].loaded_adapters == ["listed", "other:v1"]
