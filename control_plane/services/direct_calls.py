@@ -1,0 +1,95 @@
+"""The fast path of a synchronous call: routed as it is accepted, run over the
+worker's direct port, its result recorded by the thread that waits for it.
+
+    accept + route_one (one transaction) ──▶ DirectChannel.run ──▶ record the final event
+          │ no ready replica with room            │ not sent            │ lost / deadline
+          ▼                                       ▼                     ▼
+    queue + reconciler (the usual path)     back in the queue     wait on the database
+
+Compared with the queued path this skips the broker hop, the worker's HTTP
+event posts and a reconcile pass per event. The guarantees stay the same:
+the call is dispatched by the same guarded UPDATE, the worker dedupes by
+(call id, attempt), and whatever cannot come back on the connection comes
+back over HTTP (``worker.dataplane``) or through lost-worker handling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from control_plane.db.models import Call, Replica, Worker
+from control_plane.metrics import Metrics
+from control_plane.protocol import RunCall
+from control_plane.services import replicas
+from control_plane.services.dispatching import Dispatched, route_one
+from control_plane.services.functions import ActiveVersion
+from control_plane.services.worker_health import BreakerState
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A call dispatched by the fast path and not yet sent."""
+
+    call_id: str
+    function: str
+    worker_id: str
+    message: RunCall
+    deadline_at: float
+    data_addr: str | None  # None: the worker has no direct port; send through its queue
+    data_token: str | None
+
+
+def claim(
+    session: Session,
+    metrics: Metrics | None,
+    fn: ActiveVersion,
+    call_id: str,
+    now: float,
+    breakers: Mapping[str, BreakerState] | None = None,
+) -> Claim | None:
+    """Dispatch a just-accepted call to a ready replica with room, or None (it stays
+    queued). ``breakers`` (``services.worker_health``, closed ones left out): replicas
+    on an open worker are passed over; while a worker of the function is half-open,
+    no call takes the fast path, so the queue sends that worker its probe.
+    """
+    call = session.get(Call, call_id)
+    if call is None or call.status != "queued":
+        return None
+    views = [v for v in replicas.views(session, fn.name) if v.state == "ready"]
+    if breakers:
+        rows = session.execute(
+            select(Replica.id, Replica.worker_id).where(Replica.function == fn.name)
+        )
+        state = {r: breakers.get(w, "closed") for r, w in rows.tuples().all()}
+        if any(state.get(v.id) == "half_open" for v in views):
+            return None
+        views = [v for v in views if state.get(v.id, "closed") == "closed"]
+    if not views:
+        return None
+    done = route_one(session, metrics, fn, call, views, now)
+    if not isinstance(done, Dispatched):
+        return None
+    worker = session.get(Worker, done.replica.worker_id)
+    addr = worker.data_addr if worker is not None else None
+    token = worker.data_token if worker is not None else None
+    return Claim(
+        call.id,
+        fn.name,
+        done.replica.worker_id,
+        done.message,
+        call.deadline_at,
+        addr if token else None,
+        token,
+    )
+
+
+def has_queued(session: Session, function: str) -> bool:
+    """Whether calls of ``function`` wait for a replica (then a reconcile pass is due)."""
+    first = session.scalar(
+        select(Call.id).where(Call.function == function, Call.status == "queued").limit(1)
+    )
+    return first is not None

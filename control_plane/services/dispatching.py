@@ -1,0 +1,107 @@
+"""Moving one queued call onto a ready replica: the step the reconciler repeats
+for its queue, and the direct path takes for a new synchronous call.
+
+``route_one`` asks the router (session, prefix, adapter, then least
+outstanding), moves the call queued → dispatched by a guarded UPDATE (so no
+call is dispatched twice, whoever else routes it at the same moment), and
+returns the replica and the message that runs it; or ``NO_ROOM`` (no ready
+replica has room: later calls will not find one either) or ``TAKEN`` (the
+call was no longer queued). Nothing is sent here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from control_plane.db.models import Call, Replica
+from control_plane.metrics import Metrics
+from control_plane.protocol import RunCall
+from control_plane.services import affinity, coldstart, router
+from control_plane.services.functions import ActiveVersion
+from control_plane.services.router import ReplicaView
+from control_plane.tracing import call_traceparent
+
+NO_ROOM: Literal["no_room"] = "no_room"
+TAKEN: Literal["taken"] = "taken"
+
+
+@dataclass(frozen=True)
+class Dispatched:
+    replica: Replica
+    view: ReplicaView  # as chosen, before this call
+    message: RunCall
+
+
+def route_one(
+    session: Session,
+    metrics: Metrics | None,
+    fn: ActiveVersion,
+    call: Call,
+    views: list[ReplicaView],
+    now: float,
+) -> Dispatched | Literal["no_room", "taken"]:
+    """Dispatch ``call`` to one of ``views`` (see the module docstring)."""
+    limit = fn.spec.replica_capacity  # a batched replica takes a whole batch
+    route = affinity.call_route(session, fn, call, limit)
+    decision = router.route(views, route)
+    if decision is None:
+        return NO_ROOM
+    replica = session.get(Replica, decision.replica.id)
+    if replica is None or not mark_dispatched(session, call, replica, fn, now):
+        return TAKEN
+    affinity.observe(metrics, fn.name, call, route, decision)
+    return Dispatched(replica, decision.replica, run_message(call, replica, fn))
+
+
+def mark_dispatched(
+    session: Session, call: Call, replica: Replica, fn: ActiveVersion, now: float
+) -> bool:
+    """queued → dispatched on ``replica``; False when the call was no longer queued."""
+    cold = replica.ready_at is not None and replica.ready_at >= call.accepted_at
+    phases = coldstart.replica_phases(replica) if cold else {}
+    timings = {**json.loads(call.timings_json), "queue_wait": (now - call.accepted_at) * 1000}
+    result = session.execute(
+        update(Call)
+        .where(Call.id == call.id, Call.status == "queued")
+        .values(
+            status="dispatched",
+            replica_id=replica.id,
+            version=fn.version,
+            dispatched_at=now,
+            cold=cold,
+            phases_json=json.dumps(phases),
+            timings_json=json.dumps(timings),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    session.refresh(call)
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def run_message(call: Call, replica: Replica, fn: ActiveVersion) -> RunCall:
+    return RunCall(
+        call_id=call.id,
+        attempt=call.attempt,
+        replica_id=replica.id,
+        function=fn.name,
+        input=json.loads(call.input_json),
+        adapter=call.adapter,
+        stream=call.stream,
+        timeout_s=max(0.001, call.deadline_at - call.accepted_at),
+        accepted_at=call.accepted_at,
+        traceparent=call_traceparent(call.id),
+    )
+
+
+def requeue(session: Session, call_id: str) -> None:
+    """dispatched → queued again: its message could not be sent."""
+    session.execute(
+        update(Call)
+        .where(Call.id == call_id, Call.status == "dispatched")
+        .values(status="queued", replica_id=None)
+    )

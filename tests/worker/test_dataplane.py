@@ -1,0 +1,175 @@
+"""The direct call port: the worker's DataServer and the control plane's DirectChannel
+over real loopback sockets."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from control_plane.dispatch.direct import DirectChannel, DirectLostError, DirectUnavailableError
+from control_plane.protocol import CallEvent, RunCall
+from tests.worker.recorder import Recorder
+from worker.child_protocol import ReplicaSpec
+from worker.dataplane import DataServer
+from worker.frames import FrameSocket, PeerClosedError
+from worker.replicas import ReplicaManager
+from worker.runtimes.base import OnExit, ReplicaHandle, Runtime
+
+Sink = Callable[[CallEvent], bool]
+
+
+def run_message(call_id: str, input: object = None) -> RunCall:
+    return RunCall(call_id=call_id, replica_id="r1", function="f", input=input, accepted_at=0.0)
+
+
+class Echo:
+    """Answers started, one output per item of a list input, then succeeded."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+        self.release = threading.Event()
+        self.release.set()
+        self.sink_results: list[bool] = []
+
+    def __call__(self, msg: RunCall, sink: Sink) -> None:
+        self.ran.append(msg.call_id)
+        self.sink_results.append(sink(CallEvent(attempt=msg.attempt, kind="started")))
+        self.release.wait(10)
+        for item in msg.input if isinstance(msg.input, list) else []:
+            self.sink_results.append(sink(CallEvent(kind="output", output=item)))
+        final = CallEvent(attempt=msg.attempt, kind="succeeded", output={"echo": msg.input})
+        self.sink_results.append(sink(final))
+
+
+@pytest.fixture
+def echo() -> Echo:
+    return Echo()
+
+
+@pytest.fixture
+def server(echo: Echo) -> Iterator[DataServer]:
+    srv = DataServer(echo)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def addr(srv: DataServer) -> str:
+    return f"127.0.0.1:{srv.port}"
+
+
+def test_a_call_runs_and_its_events_come_back_in_order(server: DataServer, echo: Echo) -> None:
+    channel = DirectChannel()
+    events = list(channel.run(addr(server), server.token, run_message("c1", [1, 2]), 10))
+    assert [e.kind for e in events] == ["started", "output", "output", "succeeded"]
+    assert [e.output for e in events[1:3]] == [1, 2]
+    assert events[-1].output == {"echo": [1, 2]}
+    assert echo.ran == ["c1"]
+    channel.close()
+
+
+def test_connections_are_reused_one_call_at_a_time(server: DataServer, echo: Echo) -> None:
+    channel = DirectChannel()
+    for i in range(5):
+        list(channel.run(addr(server), server.token, run_message(f"c{i}"), 10))
+    assert len(channel._idle[(addr(server), server.token)]) == 1
+    assert echo.ran == [f"c{i}" for i in range(5)]
+    channel.close()
+
+
+def test_a_wrong_token_runs_nothing(server: DataServer, echo: Echo) -> None:
+    channel = DirectChannel()
+    with pytest.raises(DirectLostError):
+        list(channel.run(addr(server), "not-the-token", run_message("c1"), 10))
+    assert echo.ran == []
+
+
+def test_a_stranger_without_hello_is_closed(server: DataServer, echo: Echo) -> None:
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    conn = FrameSocket(sock)
+    conn.send({"run": run_message("c1").model_dump(mode="json")})
+    with pytest.raises(PeerClosedError):
+        conn.recv()
+    conn.close()
+    assert echo.ran == []
+
+
+def test_a_closed_port_is_unavailable_so_nothing_was_sent() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound but not listening: refused
+        with pytest.raises(DirectUnavailableError):
+            list(DirectChannel().run(f"127.0.0.1:{port}", "t", run_message("c1"), 1))
+
+
+def test_a_deadline_ends_the_wait_and_the_worker_falls_back(server: DataServer, echo: Echo) -> None:
+    echo.release.clear()
+    channel = DirectChannel()
+    events = channel.run(addr(server), server.token, run_message("slow"), 0.3)
+    with pytest.raises(DirectLostError):
+        list(events)
+    echo.release.set()
+    deadline = time.monotonic() + 10
+    while len(echo.sink_results) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # The started event was written; the final one got no ack on the closed
+    # connection, so the worker's manager posts it over HTTP instead (sink said False).
+    assert echo.sink_results[0] is True
+    assert echo.sink_results[-1] is False
+
+
+def test_a_worker_restart_between_calls_redials(echo: Echo) -> None:
+    first = DataServer(echo)
+    first.start()
+    port = first.port
+    channel = DirectChannel()
+    list(channel.run(addr(first), first.token, run_message("before"), 10))
+    first.stop()
+    second = DataServer(echo, port=port)  # the same address, a new token
+    second.start()
+    try:
+        events = list(channel.run(addr(second), second.token, run_message("after"), 10))
+        assert events[-1].kind == "succeeded"
+        assert echo.ran == ["before", "after"]
+    finally:
+        second.stop()
+        channel.close()
+
+
+# --- ReplicaManager.run_direct: the sink first, HTTP where it fails -----------------
+
+
+class NoProcesses(Runtime):
+    """A runtime never asked to start anything: the manager has no replica."""
+
+    def start(self, spec: ReplicaSpec, on_exit: OnExit) -> ReplicaHandle:
+        raise AssertionError("no replica is started in these tests")
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("sink_ok", [True, False])
+def test_run_direct_posts_over_http_only_what_the_sink_could_not_deliver(
+    sink_ok: bool,
+) -> None:
+    recorder = Recorder()
+    manager = ReplicaManager(NoProcesses(), recorder.client(), None)
+    delivered: list[CallEvent] = []
+
+    def sink(event: CallEvent) -> bool:
+        delivered.append(event)
+        return sink_ok
+
+    # No replica r1 on this worker: the call ends failed at once, through the sink.
+    manager.run_direct(run_message("c1"), sink)
+    assert [e.kind for e in delivered] == ["failed"]
+    posted = recorder.events("/v1/calls/c1")
+    assert [p["kind"] for p in posted] == ([] if sink_ok else ["failed"])
+    manager.run_call(run_message("c2"))  # a queued call after it: HTTP, not the old sink
+    assert [p["kind"] for p in recorder.events("/v1/calls/c2")] == ["failed"]
+    assert len(delivered) == 1
