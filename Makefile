@@ -19,9 +19,10 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # Debian packages the suite needs beyond the install (docker engine, debootstrap
-# for test images, a browser); no-op when present.
+# for test images, a browser, promtool for the alert rules); no-op when present.
 system-deps:
 	./scripts/system-deps.sh docker.io debootstrap chromium
+	./scripts/install-promtool.sh
 	./scripts/start-dockerd.sh
 
 lint: install

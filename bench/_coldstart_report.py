@@ -30,7 +30,7 @@ LABELS = {
     "thaw_s3": "thaw cold start, weights only in S3 (empty worker cache)",
     "thaw_warm": "thaw warm call",
     "adapter_switch_call": "warm call switching adapter (rank 16)",
-    "adapter_switch": "adapter switch overhead (execution: switch - same-adapter call)",
+    "adapter_switch": "adapter switch (set_adapter, measured in the replica)",
 }
 SCENARIOS = tuple(LABELS)
 

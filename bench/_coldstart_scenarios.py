@@ -92,9 +92,13 @@ class SwitchSamples:
     same: list[Sample]  # the next call, same adapter (the paired baseline)
 
     def overhead_s(self) -> list[float]:
-        """What switching added: each switch call's execution in the replica (Server-Timing
-        ``execution``) minus its paired same-adapter call's, so the control plane's and the
-        broker's jitter stay out; client round trips where a call lacks ``execution``."""
+        """What switching cost: the ``adapter_switch`` phase the function measures around
+        its ``set_adapter`` (``CallContext.timings_ms``) on each switch call. A function
+        that does not report it is measured the old way: its execution minus the paired
+        same-adapter call's (a difference of two forward passes, with their jitter)."""
+        measured = [s.server_timing_ms.get("adapter_switch") for s in self.switch]
+        if all(ms is not None for ms in measured):
+            return [float(ms) / 1000 for ms in measured if ms is not None]
         return [
             max(0.0, _exec_s(a) - _exec_s(b)) for a, b in zip(self.switch, self.same, strict=True)
         ]

@@ -15,19 +15,21 @@ parent raises ``TrialError`` with the tail of the child's stderr.
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
-from rich.console import Console
-from rich.table import Table
+# Shared with the thaw commands that measure (thaw loadtest); re-exported here.
+from cli.report import Column as Column
+from cli.report import TableSpec as TableSpec
+from cli.report import percentile as percentile
+from cli.report import render_table as render_table
 
 T = TypeVar("T")
 RESULT_PREFIX = "BENCH_RESULT "
@@ -111,16 +113,6 @@ class Summary:
     max_s: float
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (``q`` in [0, 100]) of a non-empty sequence."""
-    if not values:
-        raise ValueError("percentile of no values: run at least one trial")
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def summarize(times_s: Sequence[float]) -> Summary:
     return Summary(
         n=len(times_s),
@@ -147,29 +139,6 @@ def round_robin_order(rows: Sequence[T], trial: int) -> list[T]:
         return []
     k = trial % len(rows)
     return [*rows[k:], *rows[:k]]
-
-
-@dataclass
-class Column:
-    header: str
-    justify: str = "right"
-
-
-@dataclass
-class TableSpec:
-    title: str
-    columns: list[Column]
-    rows: list[list[str]] = field(default_factory=list)
-    caption: str | None = None
-
-
-def render_table(spec: TableSpec, console: Console) -> None:
-    table = Table(title=spec.title, caption=spec.caption)
-    for col in spec.columns:
-        table.add_column(col.header, justify=col.justify)  # type: ignore[arg-type]
-    for row in spec.rows:
-        table.add_row(*row)
-    console.print(table)
 
 
 def markdown_table(spec: TableSpec) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import random
-import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from tests.e2e.stack import Backend, Stack
+from tests.e2e.stack import Backend, Stack, reachable
 
 FUNCTION = "noop"
 BUNDLE_REF = "bundles/bench-noop:v1"
@@ -112,14 +111,6 @@ def function_spec(bundle: str, max_clients: int) -> dict[str, Any]:
     }
 
 
-def _reachable(addr: tuple[str, int]) -> bool:
-    try:
-        with socket.create_connection(addr, timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 @contextmanager
 def backend(name: str, tmp: Path) -> Iterator[Backend]:
     """The database and broker for ``--broker NAME``; raises SetupError when one is down."""
@@ -129,7 +120,7 @@ def backend(name: str, tmp: Path) -> Iterator[Backend]:
     if name != "redis":
         raise SetupError(f"unknown broker {name!r}: use one of {', '.join(BROKERS)}")
     for addr, what in ((PG_ADDR, "PostgreSQL"), (REDIS_ADDR, "Redis")):
-        if not _reachable(addr):
+        if not reachable(addr):
             raise SetupError(f"--broker redis needs {what} at {addr[0]}:{addr[1]}; start it")
     from tests.control_plane.databases import fresh_pg_database
 

@@ -5,7 +5,9 @@ documented in ``control_plane.spec``), pushes DIR to the store as a code
 bundle (``bundles/<name>:latest``, through the snapshotter; the store comes
 from THAW_STORE/--store like ``thaw models push``), then sends the spec with
 the bundle's digest to the control plane, which checks the model, adapters
-and that the entry imports before the new version goes live.
+and that the entry imports before the new version goes live. With
+``--canary PCT`` the new version takes PCT % of calls beside the active one
+(``thaw canary status/promote/abort``).
 """
 
 from __future__ import annotations
@@ -62,6 +64,12 @@ def validate_spec(doc: dict[str, Any], directory: Path) -> FunctionSpec:
 def deploy(
     directory: Annotated[Path, typer.Argument(exists=True, file_okay=False)],
     store: Annotated[str | None, typer.Option(help="directory or s3://… (THAW_STORE)")] = None,
+    canary: Annotated[
+        float | None,
+        typer.Option(
+            min=0, max=100, help="deploy as a canary taking this % of calls (thaw canary ...)"
+        ),
+    ] = None,
 ) -> None:
     """Push the code in DIRECTORY and deploy it as a new version of its function."""
     settings = Settings()
@@ -74,8 +82,16 @@ def deploy(
     except SnapshotterError as exc:
         raise fail(str(exc)) from None
     body = spec.model_copy(update={"bundle": pushed.digest}).model_dump(mode="json")
+    params = {} if canary is None else {"canary_pct": canary}
     with client(settings) as c:
-        fn = check(c.post("/v1/functions", json=body))
+        fn = check(c.post("/v1/functions", json=body, params=params))
+    if canary is not None:
+        out.print(
+            f"deployed {fn['name']} version {max(fn['versions'])} as a canary taking "
+            f"{canary:g}% of calls (version {fn['version']} keeps the rest); "
+            f"`thaw canary status {fn['name']}` compares them"
+        )
+        return
     out.print(f"deployed {fn['name']} version {fn['version']} (bundle {pushed.digest[:19]}…)")
 
 

@@ -25,12 +25,19 @@ def invoke(
     data: Annotated[str, typer.Option("--data", "-d", help="the input, as JSON")] = "null",
     stream: Annotated[bool, typer.Option("--stream", help="print outputs as they come")] = False,
     async_: Annotated[bool, typer.Option("--async", help="return the call id at once")] = False,
-    adapter: Annotated[str | None, typer.Option(help="a LoRA adapter named in the spec")] = None,
+    adapter: Annotated[
+        str | None, typer.Option(help="a LoRA adapter: a name the spec lists, or any NAME:TAG")
+    ] = None,
     idempotency_key: Annotated[str | None, typer.Option(help="same key, same call")] = None,
+    session: Annotated[
+        str | None, typer.Option(help="a session id: back to the replica that served it last")
+    ] = None,
 ) -> None:
     """Call a function and print its result (exit 2 when the call did not succeed)."""
     body = {"input": _parse(data), "adapter": adapter}
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    if session:
+        headers["X-Thaw-Session"] = session
     with client(Settings()) as c:
         path = f"/v1/functions/{name}/invoke"
         if async_:

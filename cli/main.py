@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import typer
 
-from cli import bench, functions, images, invoke, keys, models, warm
+from cli import bench, canary, functions, gc, images, invoke, keys, models, secrets, warm
+from cli.loadtest import loadtest
 from cli.server import server
 from cli.up import up
 from cli.worker import worker
@@ -24,12 +25,16 @@ app.command("worker")(worker)
 app.command("up")(up)
 app.command("server")(server)
 app.add_typer(keys.app, name="keys")
+app.add_typer(secrets.app, name="secrets")
 app.command("deploy")(functions.deploy)
 app.add_typer(functions.app, name="functions")
+app.add_typer(canary.app, name="canary")
 app.command("invoke")(invoke.invoke)
 app.add_typer(invoke.calls_app, name="calls")
 app.add_typer(bench.app, name="bench")
 app.command("warm")(warm.warm)
+app.command("loadtest")(loadtest)
+app.command("gc")(gc.gc)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ Where things live::
                        catalog (models), calls, workers, replicas; the pure
                        scheduler.place (soonest estimated start: bytes per
                        tier over measured bandwidth, plus load) /
-                       autoscaler.desired_replicas / router.choose; activator
+                       autoscaler.decide / router.route; activator
                        (holding a caller until its deadline); reconciler
                        (applies the decisions); coldstart (the schedule and
                        first_output phases, phase/timing histograms);
@@ -28,9 +28,13 @@ HTTP surface (all but ``/healthz`` need ``Authorization: Bearer thaw_…``)::
     GET    /v1/models | GET/DELETE /v1/models/{name}:{tag}           deploy
     POST   /v1/functions (FunctionSpec) | GET /v1/functions[/{name}]  deploy
     DELETE /v1/functions/{name} | POST /v1/functions/{name}/rollback deploy
+    POST   /v1/functions?canary_pct=10 (a canary beside the active)  deploy
+    GET    /v1/functions/{name}/canary | POST …/canary/promote|abort  deploy
     POST   /v1/functions/{name}/invoke {"input", "adapter"?}          invoke
            Prefer: respond-async → 202 + Location; Accept: text/event-stream
-           → SSE (output*, then done | error); Idempotency-Key; X-Thaw-Deadline-Ms
+           → SSE (output*, then done | error); Idempotency-Key; X-Thaw-Deadline-Ms;
+           X-Thaw-Session (back to the session's replica while it has room);
+           "adapter": a listed name or any NAME:TAG adapter in the store (else 400)
            200 succeeded, 500 failed, 504 deadline (phases so far), 409 cancelled
            headers: X-Thaw-Call-Id, X-Thaw-Cold, Server-Timing (phases, timings)
     POST   /v1/functions/{name}/warm {"replicas": N}? | PATCH …/scaling deploy

@@ -7,6 +7,7 @@
     ├── NotFoundError          404  no such function, call, key, model, worker, replica
     ├── ConflictError          409  in use, already final, idempotency mismatch
     ├── PayloadTooLargeError   413  body over ``max_body_bytes``
+    ├── RateLimitedError       429  the key or function is over its rate limit
     ├── NoCapacityError        503  no worker can take a replica now
     └── DeadlineExceededError  504  a synchronous call ran past its deadline
 
@@ -43,6 +44,14 @@ class ConflictError(ControlPlaneError):
 
 class PayloadTooLargeError(ControlPlaneError):
     pass
+
+
+class RateLimitedError(ControlPlaneError):
+    """Over a key's or a function's rate limit; ``retry_after_s`` until a token is back."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class DeadlineExceededError(ControlPlaneError):

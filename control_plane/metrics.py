@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # Phases are often a few milliseconds (a pool hit, a cached adapter).
 PHASE_BUCKETS_S = (0.001, 0.005, *LATENCY_BUCKETS_S)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 class Metrics:
@@ -76,8 +77,56 @@ class Metrics:
             ["worker"],
             registry=self.registry,
         )
+        self.route_affinity = Counter(
+            "thaw_route_affinity",
+            "Calls with a session (X-Thaw-Session) or a prompt prefix: hit when the "
+            "affinity's (first) replica took them, miss when the router passed it over, "
+            "new for a session's first call",
+            ["function", "kind", "outcome"],
+            registry=self.registry,
+        )
         self.cold_starts = Counter(
             "thaw_cold_starts", "Replicas that became ready", ["function"], registry=self.registry
+        )
+        self.batch_size = Histogram(
+            "thaw_batch_size",
+            "Calls per batch a batched function's replica formed (counted once per batch)",
+            ["function"],
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_size_max = Gauge(
+            "thaw_batch_size_max",
+            "The configured max_batch_size of a batched function (next to thaw_batch_size)",
+            ["function"],
+            registry=self.registry,
+        )
+        self.function_target_concurrency = Gauge(
+            "thaw_function_target_concurrency",
+            "The active version's target concurrency per replica (alert rules join on it)",
+            ["function"],
+            registry=self.registry,
+        )
+        self.function_deployed_at_s = Gauge(
+            "thaw_function_deployed_timestamp_seconds",
+            "When the function's active version was deployed (unix seconds)",
+            ["function"],
+            registry=self.registry,
+        )
+        self.worker_gpu_utilization = Gauge(
+            "thaw_worker_gpu_utilization_ratio",
+            "Share of time each CUDA device of a worker was busy (NVML, from its heartbeat); "
+            "exported to watch, never a scaling signal (queue depth is)",
+            ["worker", "device"],
+            registry=self.registry,
+        )
+        self.direct_calls = Counter(
+            "thaw_direct_calls",
+            "Synchronous calls that took the fast path to a worker's direct port, by "
+            "outcome: ran (result back on the connection), lost (sent, result from the "
+            "worker's report), unavailable (not sent: queued instead)",
+            ["function", "outcome"],
+            registry=self.registry,
         )
 
     def exposition(self) -> bytes:

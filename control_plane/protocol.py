@@ -133,8 +133,16 @@ class StartReplica(Message):
     adapters: list[AdapterSpec] = Field(default_factory=list)
     device: Device = "cpu"
     timeout_s: float = 300.0
+    # v1.2, optional: W3C trace context of the call this start is for (tracing).
+    traceparent: str | None = Field(default=None, max_length=55)
     env: dict[str, str] = Field(default_factory=dict)
+    # The function's secrets (`thaw secrets set`), by name: set in the replica's
+    # environment at start, redacted from its call records; never in a bundle or image.
+    secrets: dict[str, str] = Field(default_factory=dict, repr=False)
     container: ContainerOptions | None = None
+    # Dynamic batching (spec ``[batching]``); None: one call per __call__.
+    max_batch_size: int | None = Field(default=None, ge=1, le=1024)
+    max_wait_ms: float = Field(default=0.0, ge=0)
 
 
 class StopReplica(Message):
@@ -152,6 +160,9 @@ class RunCall(Message):
     stream: bool = False
     timeout_s: float = 300.0
     accepted_at: float = Field(description="unix seconds when the control plane accepted it")
+    # v1.2, optional: W3C trace context naming the call's span (control_plane.tracing);
+    # the worker continues the trace from it. An older peer ignores or omits it.
+    traceparent: str | None = Field(default=None, max_length=55)
 
 
 # --- HTTP: worker → control plane ---------------------------------------------
@@ -171,6 +182,10 @@ class WorkerRegister(Message):
     pool_size: Count = 0
     cached_manifests: list[str] = Field(default_factory=list)
     cache_bytes: Bytes = 0
+    # v1.3: the direct call port (worker.dataplane), "host:port", and the token a
+    # connection must present; None: the worker takes calls through its queue only.
+    data_addr: str | None = Field(default=None, max_length=300)
+    data_token: str | None = Field(default=None, max_length=200)
 
 
 class WorkerRegistered(Message):
@@ -215,10 +230,17 @@ class WorkerHeartbeat(Message):
     free_memory_bytes: Bytes = 0
     pool_size: Count = 0
     healthy: bool = True
+    # v1.3, optional: why ``healthy`` is false (e.g. the cache disk is full).
+    unhealthy_reason: str | None = Field(default=None, max_length=2000)
     holdings: list[TierHolding] = Field(default_factory=list)
     bandwidths: TierBandwidths = Field(default_factory=TierBandwidths)
     pool_idle: Count | None = None
     pool_busy: Count | None = None
+    # v1.4, optional: percent busy of each CUDA device (index order), as NVML reports
+    # it; None: no GPU, or not measurable. Exported to /metrics, never a scaling signal.
+    gpu_utilization_pct: list[Annotated[float, Field(ge=0, le=100)]] | None = Field(
+        default=None, max_length=64
+    )
 
 
 class HeartbeatReply(Message):
@@ -235,7 +257,10 @@ class ReplicaEvent(Message):
 class CallEvent(Message):
     """``timings_ms`` may carry ``adapter_load`` (ms spent loading the call's
     adapter); ``adapter_hit`` says whether the replica already held it
-    (``None``: no adapter, or not reported)."""
+    (``None``: no adapter, or not reported). A call of a batched function
+    carries ``batch_size`` (calls in its batch) and ``batch_index`` (its place
+    in it; the control plane counts each batch once, from index 0); its
+    ``timings_ms`` has ``batch_wait`` (ms it waited in the replica for the batch)."""
 
     attempt: Attempt = 1
     kind: CallEventKind
@@ -243,3 +268,17 @@ class CallEvent(Message):
     error: str | None = None
     timings_ms: dict[str, Millis] = Field(default_factory=dict)
     adapter_hit: bool | None = None
+    # v1.2, final events: every adapter the replica holds after the call (listed
+    # ones and those loaded on first use; the router prefers holders); None: not
+    # reported (an older worker).
+    loaded_adapters: list[Annotated[str, Field(max_length=300)]] | None = Field(
+        default=None, max_length=1024
+    )
+    batch_size: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = None
+    batch_index: Count | None = None
+    # v1.4, output events: the chunk's 1-based place in its attempt, so a retried
+    # post is stored once; None (an older worker): stored after the last one.
+    seq: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = None
+    # v1.5, failed events: the call never started (its replica was gone when it
+    # arrived); the control plane runs it again while retries remain.
+    not_run: bool | None = None

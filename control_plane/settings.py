@@ -10,6 +10,7 @@
 | s3_secret_access_key       | THAW_S3_SECRET_ACCESS_KEY    | (boto3 chain)        |
 | cache_dir                  | THAW_CACHE_DIR               | <home>/cache         |
 | cache_max_bytes            | THAW_CACHE_MAX_BYTES         | 64 GiB               |
+| cache_min_free_bytes       | THAW_CACHE_MIN_FREE_BYTES    | 64 MiB (less free on the cache disk: worker unhealthy) |
 | ram_tier_dir               | THAW_RAM_TIER_DIR            | /dev/shm/thaw-<home hash> |
 | ram_tier_max_bytes         | THAW_RAM_TIER_MAX_BYTES      | 25% of RAM (0: off)  |
 | ram_tier_verify            | THAW_RAM_TIER_VERIFY         | true (hash on read)  |
@@ -17,6 +18,8 @@
 | loader_max_inflight_bytes  | THAW_LOADER_MAX_INFLIGHT_BYTES | 256 MiB            |
 | loader_fetch_threads       | THAW_LOADER_FETCH_THREADS    | 16                   |
 | loader_decode_threads      | THAW_LOADER_DECODE_THREADS   | 4                    |
+| lease_ttl_s                | THAW_LEASE_TTL_S             | 120 (a load's gc lease; 0: none) |
+| gc_grace_s                 | THAW_GC_GRACE_S              | 3600 (`thaw gc` keeps younger objects) |
 | database_url               | THAW_DATABASE_URL            | sqlite:///<home>/thaw.db |
 | broker_url                 | THAW_BROKER_URL              | filesystem:// under <home>/broker |
 | broker_poll_interval_s     | THAW_BROKER_POLL_INTERVAL_S  | 0.05 (filesystem broker) |
@@ -25,22 +28,38 @@
 | server_host                | THAW_SERVER_HOST             | 127.0.0.1            |
 | server_port                | THAW_SERVER_PORT             | 8420                 |
 | admin_key_file             | THAW_ADMIN_KEY_FILE          | (none; first admin key copy) |
+| secrets_key                | THAW_SECRETS_KEY             | (<home>/secrets.key, made on first use; one key for all control planes) |
 | max_body_bytes             | THAW_MAX_BODY_BYTES          | 6 MiB                |
 | max_upload_bytes           | THAW_MAX_UPLOAD_BYTES        | 64 GiB (console folder uploads) |
+| max_result_bytes           | THAW_MAX_RESULT_BYTES        | 4 MiB (a bigger result fails the call; worker) |
+| max_stream_chunk_bytes     | THAW_MAX_STREAM_CHUNK_BYTES  | 1 MiB (a bigger streamed output fails the call) |
+| max_error_bytes            | THAW_MAX_ERROR_BYTES         | 64 KiB (longer error messages are cut, marked) |
+| max_log_bytes_per_call     | THAW_MAX_LOG_BYTES_PER_CALL  | 1 MiB (what a call prints past this is dropped, marked) |
 | heartbeat_interval_s       | THAW_HEARTBEAT_INTERVAL_S    | 5                    |
 | worker_lost_after_heartbeats | THAW_WORKER_LOST_AFTER_HEARTBEATS | 3            |
+| worker_failure_threshold   | THAW_WORKER_FAILURE_THRESHOLD | 5 (newest calls on a worker all failed: no new calls or replicas until a probe call passes; 0: off) |
+| worker_probe_interval_s    | THAW_WORKER_PROBE_INTERVAL_S | 30 (between probe calls to such a worker) |
 | reconcile_interval_s       | THAW_RECONCILE_INTERVAL_S    | 0.5                  |
 | result_poll_interval_s     | THAW_RESULT_POLL_INTERVAL_S  | 0.25 (other processes' results) |
 | deploy_validate_timeout_s  | THAW_DEPLOY_VALIDATE_TIMEOUT_S | 120                |
 | replica_start_timeout_s    | THAW_REPLICA_START_TIMEOUT_S | 900 (then the start counts as failed) |
+| direct_calls               | THAW_DIRECT_CALLS            | true (warm sync calls go straight to the worker's data port) |
+| scale_up_window_s          | THAW_SCALE_UP_WINDOW_S       | 0 (scale up to the lowest recommendation of this window) |
+| scale_down_window_s        | THAW_SCALE_DOWN_WINDOW_S     | 60 (scale down to the highest recommendation of this window) |
 | worker_name                | THAW_WORKER_NAME             | (host name)          |
 | worker_dir                 | THAW_WORKER_DIR              | <home>/worker (id, code bundles; one per agent) |
 | worker_concurrency         | THAW_WORKER_CONCURRENCY      | 32 (Celery threads: calls + starts at once) |
+| worker_data_host           | THAW_WORKER_DATA_HOST        | 127.0.0.1 (the direct call port's address; empty: off) |
+| worker_data_port           | THAW_WORKER_DATA_PORT        | 0 (any free port)    |
+| worker_data_advertise_host | THAW_WORKER_DATA_ADVERTISE_HOST | (the listening host; what the control plane dials) |
 | worker_pool_size           | THAW_WORKER_POOL_SIZE        | 1 (pre-warmed generic replica processes per device) |
 | worker_pool_preload        | THAW_WORKER_POOL_PRELOAD     | transformers,peft (imported by every generic replica process) |
 | adapter_cache_size         | THAW_ADAPTER_CACHE_SIZE      | 8 (adapters a replica loads on first use and keeps, LRU) |
 | docker_url                 | THAW_DOCKER_URL              | unix:///var/run/docker.sock |
 | docker_warm_size           | THAW_DOCKER_WARM_SIZE        | 0 (warm containers per image) |
+| otlp_endpoint              | THAW_OTLP_ENDPOINT           | (none: no traces; OTLP/HTTP base URL, e.g. http://collector:4318) |
+| trace_slow_threshold_ms    | THAW_TRACE_SLOW_THRESHOLD_MS | 1000 (calls this slow are always traced) |
+| trace_sample_ratio         | THAW_TRACE_SAMPLE_RATIO      | 0.01 (share of other calls traced; errors always are) |
 
 Settings are read once per process, at its entry point, and passed down.
 """
@@ -72,6 +91,7 @@ class Settings(BaseSettings):
     s3_secret_access_key: str | None = None
     cache_dir: Path | None = None
     cache_max_bytes: int = 64 << 30
+    cache_min_free_bytes: int = Field(default=64 << 20, ge=0)
     ram_tier_dir: Path | None = None
     ram_tier_max_bytes: int | None = Field(default=None, ge=0)
     ram_tier_verify: bool = True
@@ -79,6 +99,8 @@ class Settings(BaseSettings):
     loader_max_inflight_bytes: int = 256 << 20
     loader_fetch_threads: int = 16
     loader_decode_threads: int = 4
+    lease_ttl_s: float = Field(default=120.0, ge=0)
+    gc_grace_s: float = Field(default=3600.0, ge=0)
     # --- control plane (see control_plane/) ---
     database_url: str | None = None
     broker_url: str | None = None
@@ -88,23 +110,42 @@ class Settings(BaseSettings):
     server_host: str = "127.0.0.1"
     server_port: int = 8420
     admin_key_file: Path | None = None
+    # Fernet key of function secrets at rest (services.secrets); None: <home>/secrets.key.
+    secrets_key: str | None = Field(default=None, repr=False)
     max_body_bytes: int = 6 << 20
     max_upload_bytes: int = 64 << 30
+    # Under max_body_bytes: the worker posts a result to the control plane in one body.
+    max_result_bytes: int = Field(default=4 << 20, ge=1)
+    max_stream_chunk_bytes: int = Field(default=1 << 20, ge=1)
+    max_error_bytes: int = Field(default=64 << 10, ge=256)
+    max_log_bytes_per_call: int = Field(default=1 << 20, ge=1)
     heartbeat_interval_s: float = 5.0
     worker_lost_after_heartbeats: int = 3
+    worker_failure_threshold: int = Field(default=5, ge=0)
+    worker_probe_interval_s: float = Field(default=30.0, gt=0)
     reconcile_interval_s: float = 0.5
     result_poll_interval_s: float = 0.25
     deploy_validate_timeout_s: float = 120.0
     replica_start_timeout_s: float = 900.0
+    direct_calls: bool = True
+    scale_up_window_s: float = Field(default=0.0, ge=0)
+    scale_down_window_s: float = Field(default=60.0, ge=0)
     # --- worker agent (see worker/) ---
     worker_name: str | None = None
     worker_dir: Path | None = None
     worker_concurrency: int = Field(default=32, ge=1)
+    worker_data_host: str = "127.0.0.1"
+    worker_data_port: int = Field(default=0, ge=0, le=65535)
+    worker_data_advertise_host: str | None = None
     worker_pool_size: int = Field(default=1, ge=0)
     worker_pool_preload: str = "transformers,peft"
     adapter_cache_size: int = Field(default=8, ge=0)
     docker_url: str = "unix:///var/run/docker.sock"
     docker_warm_size: int = Field(default=0, ge=0)
+    # --- traces (see control_plane/tracing.py) ---
+    otlp_endpoint: str | None = None
+    trace_slow_threshold_ms: float = Field(default=1000.0, ge=0)
+    trace_sample_ratio: float = Field(default=0.01, ge=0, le=1)
 
     def store_config(self, override: str | None = None) -> StoreConfig:
         url = override or self.store or str(self.home / "store")
@@ -152,4 +193,5 @@ class Settings(BaseSettings):
             max_inflight_bytes=self.loader_max_inflight_bytes,
             fetch_threads=self.loader_fetch_threads,
             decode_threads=self.loader_decode_threads,
+            lease_ttl_s=self.lease_ttl_s,
         )

@@ -8,11 +8,14 @@ On disk, next to the code, as ``thaw.toml`` (or ``thaw.yaml`` with the same keys
     device = "any"                 # cpu | cuda | any
     timeout_s = 60                 # per call, seconds
     retries = 1                    # re-runs when a worker is lost mid-call
+    on_disconnect = "cancel"       # a streaming client gone: cancel | finish the call
     runtime = "docker"             # optional: run in a container (default "process")
     image = "myimage:v1"           # pushed with `thaw images push myimage:v1`
     network = false                # containers have no network unless true
     memory_bytes = 4294967296      # optional container limits
     cpus = 2.0                     # (top-level keys come before any [table])
+    secrets = ["HF_TOKEN"]         # `thaw secrets set` names: environment variables
+                                   # of the replica, set at start, never in the spec
 
     [[adapters]]                   # optional LoRA adapters, preloaded
     name = "fr"                    # what callers pass as "adapter"
@@ -24,6 +27,19 @@ On disk, next to the code, as ``thaw.toml`` (or ``thaw.yaml`` with the same keys
     idle_timeout_s = 300
     target_concurrency = 4         # calls in flight per replica before scaling up
 
+    [batching]                     # optional: the replica takes calls as a list
+    max_batch_size = 8             # at most this many calls in one batch(...)
+    max_wait_ms = 10               # how long the first call of a batch waits for more
+
+    [routing]                      # optional: prefix-aware routing (services.router)
+    prompt_field = "prompt"        # the input field holding the prompt
+    prefix_chars = 256             # calls sharing this many leading characters
+                                   # prefer the same replica (bounded by load)
+
+    [limits]                       # optional: invokes over this rate get 429
+    calls_per_s = 5.0              # tokens a second, per control-plane process
+    burst = 10                     # calls at once after a quiet spell (default: 1 s worth)
+
     [env]                          # passed to the replica process
     MY_FLAG = "1"
 
@@ -34,11 +50,12 @@ to the bundle's manifest digest. The API never receives code itself.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+SECRET_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]{0,127}$"
 ENTRY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
 
 
@@ -60,11 +77,42 @@ class Scaling(BaseModel):
         return self
 
 
+class Batching(BaseModel):
+    """Dynamic batching: the replica's ``batch(inputs)`` gets up to ``max_batch_size``
+    calls, gathered for at most ``max_wait_ms`` after the first (``worker.batcher``).
+    A replica is then sent up to max(target_concurrency, max_batch_size) calls at once."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_batch_size: int = Field(default=8, ge=1, le=1024)
+    max_wait_ms: float = Field(default=10.0, ge=0, le=60_000)
+
+
+class Routing(BaseModel):
+    """Prefix-aware routing: calls whose prompts (``input[prompt_field]``) share their
+    first ``prefix_chars`` characters prefer the same replica, so its prefix cache
+    is reused (``services.router``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_field: str = Field(min_length=1, max_length=200)
+    prefix_chars: int = Field(default=256, ge=1, le=1_000_000)
+
+
 class AdapterRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=NAME_PATTERN)
     ref: str = Field(min_length=1, max_length=300, description="NAME:TAG of a pushed adapter")
+
+
+class Limits(BaseModel):
+    """A token bucket on the function's invokes (``control_plane.services.ratelimit``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    calls_per_s: float = Field(gt=0, le=1_000_000)
+    burst: int | None = Field(default=None, ge=1, le=1_000_000)
 
 
 class FunctionSpec(BaseModel):
@@ -77,15 +125,30 @@ class FunctionSpec(BaseModel):
     adapters: list[AdapterRef] = Field(default_factory=list, max_length=64)
     device: Literal["cpu", "cuda", "any"] = "any"
     scaling: Scaling = Field(default_factory=lambda: Scaling())
+    batching: Batching | None = None  # None: one call per __call__
+    routing: Routing | None = None  # None: least outstanding (and session affinity)
+    limits: Limits | None = None  # None: no per-function rate limit
     timeout_s: float = Field(default=300.0, gt=0, le=86400)
     retries: int = Field(default=0, ge=0, le=10)
+    # A streaming client that disconnects: "cancel" ends the call as cancelled (the
+    # replica's outputs stop being forwarded, it serves the next call); "finish" runs on.
+    on_disconnect: Literal["cancel", "finish"] = "cancel"
     env: dict[str, str] = Field(default_factory=dict)
+    secrets: list[Annotated[str, Field(pattern=SECRET_NAME_PATTERN)]] = Field(
+        default_factory=list, max_length=64
+    )
     # runtime = "docker": the replica runs in a container over IMAGE (`thaw images push`)
     runtime: Literal["process", "docker"] = "process"
     image: str | None = Field(default=None, min_length=1, max_length=300)
     network: bool = False  # containers get no network unless this is set
     memory_bytes: int | None = Field(default=None, ge=64 << 20)
     cpus: float | None = Field(default=None, gt=0, le=1024)
+
+    @property
+    def replica_capacity(self) -> int:
+        """Calls one replica is sent at once: enough to fill a batch when batching."""
+        batch = self.batching.max_batch_size if self.batching else 1
+        return max(self.scaling.target_concurrency, batch)
 
     @model_validator(mode="after")
     def _image_with_docker(self) -> FunctionSpec:

@@ -90,6 +90,11 @@ class AdapterCache:
         self._in_use: Counter[str] = Counter()
         self._lock = threading.Lock()
 
+    def loaded(self) -> list[str]:
+        """Names of the adapters loaded now (pinned and on-demand), sorted."""
+        with self._lock:
+            return sorted(self.adapters)
+
     @contextmanager
     def use(self, name: str) -> Iterator[AdapterUse]:
         """Hold ``name`` loaded for the duration of a call; load it first on a miss.

@@ -21,15 +21,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from control_plane.protocol import WorkerHeartbeat, WorkerRegister
+from control_plane.tracing import TracingConfig, open_tracing
+from worker.call_guard import CallLimits
 from worker.child_protocol import StoreSpec
 from worker.consumer import BrokerConfig, Consumer, Handlers
 from worker.control_client import ControlPlaneClient, ControlPlaneError
+from worker.dataplane import DataServer
 from worker.devices import (
     default_device,
     detect_devices,
     free_memory_bytes,
+    gpu_utilization_pct,
     total_memory_bytes,
 )
+from worker.health import DEFAULT_CACHE_MIN_FREE_BYTES, HEALTHY, Health, check_cache_disk
 from worker.inventory import CacheInventory, InventoryReport, bandwidths
 from worker.replicas import ReplicaManager
 from worker.runtimes.base import Runtime
@@ -48,6 +53,15 @@ class AgentConfig:
     concurrency: int = 32
     pool_size: int = 0
     adapter_cache_size: int = 8
+    # Less free than this on the cache disk: unhealthy, no new replicas (worker.health).
+    cache_min_free_bytes: int = DEFAULT_CACHE_MIN_FREE_BYTES
+    call_limits: CallLimits | None = None  # result and error caps per call (None: defaults)
+    tracing: TracingConfig | None = None  # None: no spans
+    # The direct call port (``worker.dataplane``): where it listens, and the host the
+    # control plane should dial (None: the listening host). ``data_host=None`` turns it off.
+    data_host: str | None = "127.0.0.1"
+    data_port: int = 0
+    data_advertise_host: str | None = None
 
 
 def worker_id(state_dir: Path) -> str:
@@ -75,10 +89,19 @@ class Agent:
         self.inventory = inventory
         self.worker_id = worker_id(config.state_dir)
         self.manager = ReplicaManager(
-            runtime, client, config.store, adapter_cache_size=config.adapter_cache_size
+            runtime,
+            client,
+            config.store,
+            adapter_cache_size=config.adapter_cache_size,
+            tracing=open_tracing(config.tracing),
+            call_limits=config.call_limits or CallLimits(),
         )
         self.devices = detect_devices()
         self.heartbeat_interval_s = 2.0
+        self._health = HEALTHY
+        self.data: DataServer | None = None
+        if config.data_host is not None:
+            self.data = DataServer(self.manager.run_direct, config.data_host, config.data_port)
 
     def register(self) -> None:
         cached, cache_bytes = self._cache()
@@ -91,13 +114,23 @@ class Agent:
                 pool_size=self.config.pool_size,
                 cached_manifests=cached,
                 cache_bytes=cache_bytes,
+                data_addr=self._data_addr(),
+                data_token=self.data.token if self.data is not None else None,
             )
         )
         self.heartbeat_interval_s = reply.heartbeat_interval_s
         log.info("registered as worker %s, consuming %s", self.worker_id, reply.queue)
 
+    def _data_addr(self) -> str | None:
+        if self.data is None:
+            return None
+        host = self.config.data_advertise_host or self.config.data_host
+        return f"{host}:{self.data.port}"
+
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set; always stops replicas and the consumer."""
+        if self.data is not None:
+            self.data.start()
         self.register()
         handlers = Handlers(
             self.manager.start_replica, self.manager.stop_replica, self.manager.run_call
@@ -114,10 +147,13 @@ class Agent:
                 self.heartbeat()
         finally:
             self.manager.close()
+            if self.data is not None:
+                self.data.stop()
             self.manager.stop_all()
             consumer.stop()
             self.runtime.close()
             self.client.close()
+            self.manager.tracing.close()
 
     def _reregister(self) -> None:
         try:
@@ -152,18 +188,33 @@ class Agent:
         """Replicas, tier holdings and bandwidths, memory and pool, as of now."""
         report = self._report()
         idle, busy = self.runtime.pool_counts() or (None, None)
+        health = self.check_health()
         return WorkerHeartbeat(
             replicas=self.manager.reports(),
             cached_manifests=report.cached_manifests,
             cache_bytes=report.cache_bytes,
             free_memory_bytes=free_memory_bytes(),
             pool_size=self.config.pool_size,
-            healthy=True,
+            healthy=health.healthy,
+            unhealthy_reason=health.reason,
             holdings=report.holdings,
             bandwidths=bandwidths(report, self.manager.bandwidth),
             pool_idle=idle,
             pool_busy=busy,
+            gpu_utilization_pct=gpu_utilization_pct(),
         )
+
+    def check_health(self) -> Health:
+        """This worker's health now (see ``worker.health``); logs each change."""
+        cache_dir = Path(self.config.store.cache_dir)
+        health = check_cache_disk(cache_dir, self.config.cache_min_free_bytes)
+        if health != self._health:
+            if health.healthy:
+                log.info("healthy again: the cache disk has room")
+            else:
+                log.warning("unhealthy, taking no new replicas: %s", health.reason)
+        self._health = health
+        return health
 
     def _cache(self) -> tuple[list[str], int]:
         report = self._report()

@@ -57,6 +57,7 @@ def loader_config(spec: StoreSpec) -> LoaderConfig:
         max_inflight_bytes=spec.loader_max_inflight_bytes,
         fetch_threads=spec.loader_fetch_threads,
         decode_threads=spec.loader_decode_threads,
+        lease_ttl_s=spec.loader_lease_ttl_s,
     )
 
 

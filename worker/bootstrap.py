@@ -14,10 +14,12 @@ from pathlib import Path
 from types import FrameType
 
 from control_plane.settings import Settings
+from control_plane.tracing import tracing_config
 from snapshotter.ram_tier import RamTier
 from snapshotter.registry import Registry
 from snapshotter.stores import open_store
 from worker.agent import Agent, AgentConfig
+from worker.call_guard import CallLimits
 from worker.child_protocol import StoreSpec
 from worker.consumer import BrokerConfig
 from worker.control_client import ControlPlaneClient
@@ -56,6 +58,7 @@ def store_spec(settings: Settings) -> StoreSpec:
         loader_max_inflight_bytes=loader.max_inflight_bytes,
         loader_fetch_threads=loader.fetch_threads,
         loader_decode_threads=loader.decode_threads,
+        loader_lease_ttl_s=loader.lease_ttl_s,
         ram_tier_dir=str(Path(ram_tier.directory).resolve()),
         ram_tier_max_bytes=ram_tier.max_bytes,
         ram_tier_verify=ram_tier.verify,
@@ -83,6 +86,17 @@ def agent_config(settings: Settings) -> AgentConfig:
         concurrency=settings.worker_concurrency,
         pool_size=settings.worker_pool_size,
         adapter_cache_size=settings.adapter_cache_size,
+        cache_min_free_bytes=settings.cache_min_free_bytes,
+        call_limits=CallLimits(
+            settings.max_result_bytes,
+            settings.max_stream_chunk_bytes,
+            settings.max_error_bytes,
+            settings.max_log_bytes_per_call,
+        ),
+        tracing=tracing_config(settings, "thaw-worker"),
+        data_host=settings.worker_data_host or None,
+        data_port=settings.worker_data_port,
+        data_advertise_host=settings.worker_data_advertise_host,
     )
 
 

@@ -10,7 +10,8 @@ the agent creates; every message has a ``type``. One replica's life::
       │── prepared {phases_ms} ──────────────▶│
       │◀──────────────── specialize {spec} ───│   code, weights, adapters, setup
       │── ready {phases_ms, loads} ──────────▶│   or setup_failed {error, phases_ms}
-      │◀───────── call {call_id, input, ..} ──│   any number, concurrently
+      │◀───────── call {call_id, input, ..} ──│   any number, concurrently (a batched
+      │                                       │   replica gathers them: worker.batcher)
       │── output {call_id, chunk} ───────────▶│   zero or more per call (streaming)
       │── result {call_id, output} ──────────▶│   or error {call_id, error}
       │◀──────────────────────── shutdown ────│   or the agent kills the process
@@ -48,6 +49,7 @@ class StoreSpec(BaseModel):
     loader_max_inflight_bytes: int = 256 << 20
     loader_fetch_threads: int = 16
     loader_decode_threads: int = 4
+    loader_lease_ttl_s: float = 0.0  # a load's gc lease in the store (0: none)
     ram_tier_dir: str | None = None  # the worker's host-RAM tier; None or max 0: none
     ram_tier_max_bytes: int = 0
     ram_tier_verify: bool = True
@@ -75,9 +77,14 @@ class ReplicaSpec(BaseModel):
     adapters: list[AdapterRef] = Field(default_factory=list)
     device: Literal["cpu", "cuda"] = "cpu"
     env: dict[str, str] = Field(default_factory=dict)
+    # Which env entries are secrets: redacted from what the replica prints (worker.log_guard).
+    secret_names: list[str] = Field(default_factory=list)
+    max_log_bytes_per_call: int | None = Field(default=None, ge=1)  # None: no cap
     store: StoreSpec | None = None
     container: ContainerSpec | None = None  # set when the function runs in a container
     adapter_cache_size: int = Field(default=8, ge=0)  # adapters loaded on first use, LRU
+    max_batch_size: int | None = Field(default=None, ge=1)  # set: calls go to batch()
+    max_wait_ms: float = Field(default=0.0, ge=0)
 
 
 # --- agent → child ---------------------------------------------------------
@@ -158,6 +165,9 @@ class Result(BaseModel):
     output: Any = None
     timings_ms: dict[str, float] = Field(default_factory=dict)
     adapter_hit: bool | None = None  # None: the call named no adapter
+    loaded_adapters: list[str] | None = None  # held after a call naming an adapter
+    batch_size: int | None = None  # batched functions: calls in this call's batch
+    batch_index: int | None = None  # and this call's place in it
 
 
 class CallError(BaseModel):
@@ -166,6 +176,9 @@ class CallError(BaseModel):
     error: str
     timings_ms: dict[str, float] = Field(default_factory=dict)
     adapter_hit: bool | None = None
+    loaded_adapters: list[str] | None = None
+    batch_size: int | None = None
+    batch_index: int | None = None
 
 
 ToChild = Annotated[Prepare | Specialize | CallMsg | Shutdown, Field(discriminator="type")]

@@ -35,6 +35,8 @@ from control_plane.protocol import (
 )
 
 log = logging.getLogger(__name__)
+RESTART_FIRST_DELAY_S = 1.0
+RESTART_MAX_DELAY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -60,18 +62,24 @@ class Consumer:
         self.queue = worker_queue(worker_id)
         self.app = make_celery(broker.url, broker.folder, broker.poll_interval_s)
         self._register(handlers)
-        self._controller = self.app.WorkController(
-            hostname=f"thaw-{worker_id}@{socket.gethostname()}",
+        self._hostname = f"thaw-{worker_id}@{socket.gethostname()}"
+        self._concurrency = concurrency
+        self._controller = self._new_controller()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="thaw-consumer", daemon=True)
+        self.error: BaseException | None = None
+
+    def _new_controller(self) -> Any:
+        return self.app.WorkController(
+            hostname=self._hostname,
             queues=[self.queue],
             pool_cls="threads",
-            concurrency=concurrency,
+            concurrency=self._concurrency,
             without_heartbeat=True,
             without_mingle=True,
             without_gossip=True,
             loglevel="WARNING",
         )
-        self._thread = threading.Thread(target=self._run, name="thaw-consumer", daemon=True)
-        self.error: BaseException | None = None
 
     def _register(self, handlers: Handlers) -> None:
         def task(name: str, model: Any, handler: Callable[[Any], None]) -> None:
@@ -92,10 +100,20 @@ class Consumer:
         task(TASK_RUN_CALL, RunCall, handlers.run_call)
 
     def _run(self) -> None:
-        try:
-            self._controller.start()
-        except BaseException as exc:  # SystemExit from Celery's own shutdown included
-            self.error = exc
+        """Run Celery's worker until ``stop``. When it stops by itself (the broker went
+        away and kombu gave up reconnecting), start a fresh one after a pause that
+        doubles up to ``RESTART_MAX_DELAY_S``: the worker reconnects on its own."""
+        delay_s = RESTART_FIRST_DELAY_S
+        while True:
+            try:
+                self._controller.start()
+            except BaseException as exc:  # SystemExit from Celery's own shutdown included
+                self.error = exc
+            if self._stopping.wait(delay_s):
+                return
+            log.warning("the Celery consumer stopped (%r); starting it again", self.error)
+            delay_s = min(delay_s * 2, RESTART_MAX_DELAY_S)
+            self._controller = self._new_controller()
 
     def start(self) -> None:
         # Celery's thread pool finds tasks through the process's default app.
@@ -108,6 +126,7 @@ class Consumer:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop taking messages; wait for running tasks up to ``timeout_s``."""
+        self._stopping.set()
         self._controller.stop(in_sighandler=False)
         self._thread.join(timeout=timeout_s)
         self.app.close()

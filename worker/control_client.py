@@ -25,6 +25,7 @@ from control_plane.protocol import (
 )
 
 RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+CALL_EVENT_ATTEMPTS = 36  # backoff 0.1 s doubling to 2 s: about 65 s in all
 
 
 class ControlPlaneError(Exception):
@@ -67,8 +68,11 @@ class ControlPlaneClient:
     def replica_event(self, replica_id: str, msg: ReplicaEvent, attempts: int = 8) -> None:
         self._post(f"/v1/replicas/{replica_id}/events", msg, attempts)
 
-    def call_event(self, call_id: str, msg: CallEvent, attempts: int = 8) -> bool:
-        """Post one call event; ``False`` when the call is already final (409)."""
+    def call_event(self, call_id: str, msg: CallEvent, attempts: int = CALL_EVENT_ATTEMPTS) -> bool:
+        """Post one call event; ``False`` when the call is already final (409).
+
+        Retried for about a minute: a control plane restarting must not lose a
+        call's outputs or result (the call waits meanwhile)."""
         r = self._post(f"/v1/calls/{call_id}/events", msg, attempts, accept={409})
         return r.status_code != 409
 

@@ -46,3 +46,15 @@ def free_memory_bytes() -> int:
     except OSError:
         pass  # not Linux: fall back to free pages, an underestimate
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+
+
+def gpu_utilization_pct() -> list[float] | None:
+    """Percent busy of each CUDA device, or None (no GPU, or NVML unavailable)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    try:
+        return [float(torch.cuda.utilization(i)) for i in range(torch.cuda.device_count())]
+    except Exception:  # NVML missing (pynvml not installed) or refusing: not measurable
+        return None

@@ -62,6 +62,7 @@ class ChildServer:
         self.replica: Any = None
         self.device = device
         self.loader: Any = None  # a WeightLoader built by ``prepare``
+        self.batcher: Any = None  # a worker.batcher.Batcher when the function is batched
 
     def serve(self) -> None:
         from worker.child_protocol import TO_CHILD, CallMsg, Prepare, Shutdown, Specialize
@@ -78,6 +79,8 @@ class ChildServer:
                 self._prepare(msg)
             elif isinstance(msg, Specialize):
                 self._specialize(msg)
+            elif isinstance(msg, CallMsg) and self.batcher is not None:
+                self.batcher.submit(msg)
             elif isinstance(msg, CallMsg):
                 threading.Thread(target=self._run_call, args=(msg,), daemon=True).start()
 
@@ -107,11 +110,21 @@ class ChildServer:
             return
         try:
             self.replica = specialize(msg.spec, self.loader)
+            if msg.spec.max_batch_size is not None:
+                self.batcher = self._batcher(msg.spec.max_batch_size, msg.spec.max_wait_ms)
         except SpecializeError as exc:
             self.conn.send(dump(SetupFailed(error=str(exc), phases_ms=exc.phases_ms)))
             return
         ready = Ready(phases_ms=self.replica.phases_ms, loads=self.replica.loads)
         self.conn.send(dump(ready))
+
+    def _batcher(self, max_batch_size: int, max_wait_ms: float) -> Any:
+        """Calls of a batched function go through ``batch()``, gathered by a Batcher."""
+        from worker.batch_calls import BatchRunner
+        from worker.batcher import Batcher
+
+        runner = BatchRunner(self.replica, self.conn.send, self._adapter, self._loaded_adapters)
+        return Batcher(runner.run, max_batch_size, max_wait_ms / 1000, key=lambda m: m.adapter)
 
     def _run_call(self, msg: Any) -> None:
         from worker.child_protocol import CallError, Result, dump
@@ -133,6 +146,7 @@ class ChildServer:
             )
             timings.setdefault("first_output", (time.perf_counter() - t0) * 1000)
             out = Result(call_id=msg.call_id, output=result, timings_ms=timings, adapter_hit=hit)
+            out.loaded_adapters = self._loaded_adapters(msg.adapter)
             self.conn.send(dump(out))
             if self.replica.profile is not None:
                 self.replica.profile.save_once()  # after the answer: off the caller's clock
@@ -141,7 +155,16 @@ class ChildServer:
             err = CallError(
                 call_id=msg.call_id, error=format_error(exc), timings_ms=timings, adapter_hit=hit
             )
+            err.loaded_adapters = self._loaded_adapters(msg.adapter)
             self.conn.send(dump(err))
+
+    def _loaded_adapters(self, named: str | None) -> list[str] | None:
+        """Every adapter held now, after a call that named one (the only kind that
+        loads or evicts); None otherwise, or when there is no adapter cache."""
+        replica = self.replica
+        if named is None or replica is None or replica.adapters is None:
+            return None
+        return list(replica.adapters.loaded())
 
     def _adapter(self, name: str | None) -> Any:
         """Hold the call's adapter loaded (``AdapterUse``), or None: no adapter or no cache."""
@@ -153,13 +176,22 @@ class ChildServer:
 
     def _execute(self, msg: Any, t0: float, timings: dict[str, float]) -> Any:
         """Run the function; stream or collect what it yields. The result is JSON."""
-        from worker.child_protocol import Output, dump
-        from worker.sdk import CallContext, is_stream
+        from worker.sdk import CallContext, function_timings
 
         args: tuple[Any, ...] = (msg.input,)
+        call = CallContext(msg.call_id, msg.adapter, msg.attempt, msg.stream)
         if self.replica.pass_call_context:
-            args += (CallContext(msg.call_id, msg.adapter, msg.attempt, msg.stream),)
-        result = self.replica.instance(*args)
+            args += (call,)
+        try:
+            return self._collect(self.replica.instance(*args), msg, t0, timings)
+        finally:  # the function's own phases, also when it failed
+            for name, ms in function_timings(call.timings_ms).items():
+                timings.setdefault(name, ms)
+
+    def _collect(self, result: Any, msg: Any, t0: float, timings: dict[str, float]) -> Any:
+        from worker.child_protocol import Output, dump
+        from worker.sdk import is_stream
+
         if is_stream(result):
             chunks = []
             for chunk in result:

@@ -26,10 +26,13 @@ from control_plane.protocol import (
     StartReplica,
     StopReplica,
 )
+from control_plane.tracing import NO_TRACING, Tracing
+from worker.call_guard import CallLimits, guard, redact, refused_as_too_large
 from worker.child_protocol import AdapterRef, ContainerSpec, ReplicaSpec, StoreSpec
 from worker.control_client import ControlPlaneClient, ControlPlaneError
 from worker.inventory import BandwidthMeter
 from worker.runtimes.base import CallRequest, CallUpdate, ReplicaHandle, ReplicaStartError, Runtime
+from worker.tracing import run_call_spans, start_replica_spans
 
 log = logging.getLogger(__name__)
 MAX_SEEN_CALLS = 100_000
@@ -39,6 +42,7 @@ MAX_SEEN_CALLS = 100_000
 class _Entry:
     spec: ReplicaSpec
     handle: ReplicaHandle | None = None  # None while starting
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)  # redacted from calls
     model_digests: tuple[str, ...] = ()
 
 
@@ -66,18 +70,24 @@ class ReplicaManager:
         *,
         clock: Callable[[], float] = time.time,
         adapter_cache_size: int = 8,
+        tracing: Tracing = NO_TRACING,
+        call_limits: CallLimits = CallLimits(),
     ) -> None:
         self.runtime = runtime
+        self.call_limits = call_limits  # what one call may report (worker.call_guard)
         self.client = client
         self.store = store
         self.clock = clock
         self.adapter_cache_size = adapter_cache_size
+        self.tracing = tracing  # spans of the calls it runs (worker.tracing)
         self.bandwidth = BandwidthMeter()  # from the loads replicas report at ready
         self._lock = threading.Lock()
         self._replicas: dict[str, _Entry] = {}
         self._cancelled: set[str] = set()
         self._seen = _Seen()
         self._loaded_digests: set[str] = set()
+        # call id -> where its events go first (a direct call's connection), see run_direct
+        self._sinks: dict[str, Callable[[CallEvent], bool]] = {}
         self._closed = False
 
     def close(self) -> None:
@@ -93,7 +103,7 @@ class ReplicaManager:
                 return  # a redelivery of a start already under way or done
             closed = self._closed
             if not closed:
-                self._replicas[msg.replica_id] = _Entry(spec)
+                self._replicas[msg.replica_id] = _Entry(spec, secrets=dict(msg.secrets))
         if closed:
             event = ReplicaEvent(state="failed", error="the worker is shutting down")
             self._report(msg.replica_id, event)
@@ -106,7 +116,9 @@ class ReplicaManager:
                 self._replicas.pop(msg.replica_id, None)
             self._report(
                 msg.replica_id,
-                ReplicaEvent(state="failed", error=str(exc), phases_ms=exc.phases_ms),
+                ReplicaEvent(
+                    state="failed", error=redact(str(exc), msg.secrets), phases_ms=exc.phases_ms
+                ),
             )
             return
         with self._lock:
@@ -119,6 +131,7 @@ class ReplicaManager:
             return
         self.bandwidth.observe(handle.loads)
         self._report(msg.replica_id, ReplicaEvent(state="ready", phases_ms=handle.phases_ms))
+        self.tracing.emit(start_replica_spans(msg, handle.phases_ms, self.clock()))
 
     def _spec(self, msg: StartReplica) -> ReplicaSpec:
         return ReplicaSpec(
@@ -130,10 +143,14 @@ class ReplicaManager:
             model_digest=msg.model_digest,
             adapters=[AdapterRef(name=a.name, digest=a.digest) for a in msg.adapters],
             device="cuda" if msg.device == "cuda" else "cpu",
-            env=dict(msg.env),
+            env={**msg.env, **msg.secrets},
+            secret_names=sorted(msg.secrets),
+            max_log_bytes_per_call=self.call_limits.max_log_bytes_per_call,
             store=self.store,
             container=ContainerSpec(**msg.container.model_dump()) if msg.container else None,
             adapter_cache_size=self.adapter_cache_size,
+            max_batch_size=msg.max_batch_size,
+            max_wait_ms=msg.max_wait_ms,
         )
 
     def stop_by_id(self, replica_id: str, reason: str) -> None:
@@ -183,6 +200,17 @@ class ReplicaManager:
         with self._lock:
             self._cancelled.update(call_ids)
 
+    def run_direct(self, msg: RunCall, sink: Callable[[CallEvent], bool]) -> None:
+        """Run a call that came over the direct port: its events go to ``sink``, and
+        over HTTP only where ``sink`` fails (the connection is gone)."""
+        with self._lock:
+            self._sinks[msg.call_id] = sink
+        try:
+            self.run_call(msg)
+        finally:
+            with self._lock:
+                self._sinks.pop(msg.call_id, None)
+
     def run_call(self, msg: RunCall) -> None:
         with self._lock:
             fresh = self._seen.add((msg.call_id, msg.attempt))
@@ -193,22 +221,28 @@ class ReplicaManager:
         timings = {"queue_wait": max(0.0, (started_s - msg.accepted_at) * 1000)}
         handle = entry.handle if entry is not None else None
         if handle is None or not handle.alive or self._closed:
-            error = f"replica {msg.replica_id} is not running on this worker; retry the call"
-            self._final(msg, CallUpdate("failed", error=error), timings, started_s)
+            # Never started: the control plane runs it again while retries remain.
+            error = f"replica {msg.replica_id} is not running on this worker"
+            self._event(
+                msg, CallEvent(attempt=msg.attempt, kind="failed", error=error, not_run=True)
+            )
             return
         if not self._event(msg, CallEvent(attempt=msg.attempt, kind="started", timings_ms=timings)):
             return
         request = CallRequest(
             msg.call_id, msg.input, msg.adapter, msg.attempt, msg.timeout_s, msg.stream
         )
+        outputs = 0
         for update in handle.call(request):
             if self._take_cancel(msg.call_id):
                 self._final(msg, CallUpdate("cancelled"), timings, started_s)
                 return
             if not update.final:
-                if not self._event(
-                    msg, CallEvent(attempt=msg.attempt, kind="output", output=update.output)
-                ):
+                outputs += 1
+                output = CallEvent(
+                    attempt=msg.attempt, kind="output", output=update.output, seq=outputs
+                )
+                if not self._event(msg, output):
                     return
                 continue
             self._final(msg, update, timings, started_s)
@@ -234,15 +268,35 @@ class ReplicaManager:
             error=update.error,
             timings_ms=merged,
             adapter_hit=update.adapter_hit,
+            loaded_adapters=update.loaded_adapters,
+            batch_size=update.batch_size,
+            batch_index=update.batch_index,
         )
+        ended_s = self.clock()
         self._event(msg, event)
+        self.tracing.emit(run_call_spans(msg, event, started_s, ended_s))
 
     # --- reporting -----------------------------------------------------------
     def _event(self, msg: RunCall, event: CallEvent) -> bool:
+        """Report ``event`` redacted and capped (``worker.call_guard``); ``False`` when the
+        call is over: final there already, or ended here by an output over the cap."""
+        with self._lock:
+            entry = self._replicas.get(msg.replica_id)
+        guarded = guard(event, self.call_limits, entry.secrets if entry is not None else {})
+        sent = self._send_event(msg, guarded)
+        return sent and guarded.kind == event.kind
+
+    def _send_event(self, msg: RunCall, event: CallEvent) -> bool:
+        sink = self._sinks.get(msg.call_id)
+        if sink is not None and sink(event):
+            return True
         try:
             return self.client.call_event(msg.call_id, event)
-        except ControlPlaneError:
+        except ControlPlaneError as exc:
             log.exception("could not report %s of call %s", event.kind, msg.call_id)
+            if exc.status_code == 413 and event.output is not None:
+                # Over the control plane's body cap: end the call failed, never leave it running.
+                self._send_event(msg, refused_as_too_large(event))
             return False
 
     def _report(self, replica_id: str, event: ReplicaEvent) -> None:

@@ -40,6 +40,27 @@ bundle, makes one instance per replica with no arguments, and then::
             # gets the list of them as the result.
             ...
 
+A function whose ``thaw.toml`` has a ``[batching]`` table (``max_batch_size``,
+``max_wait_ms``) is batched: instead of ``__call__`` it defines::
+
+        def batch(self, inputs, calls=None):
+            # inputs: the JSON inputs of up to max_batch_size calls, oldest first,
+            #   gathered for at most max_wait_ms after the first arrived (a full
+            #   batch goes at once); calls (optional): their CallContexts, in order.
+            # Return a list with one JSON value per input, in order; an Exception
+            # instance in it fails only that call. Or yield such lists to stream:
+            # element i is call i's next chunk (None: no chunk for it this step;
+            # an Exception: call i failed). Callers that do not stream get the
+            # list of their chunks, or their value from a list the generator
+            # returns at its end (``return [final value per input]``).
+            ...
+
+  Each call still has its own record, timings (``batch_wait`` among them),
+  result and stream. Calls naming different adapters never share a batch
+  (the batch's adapter is loaded while it runs). One batch runs at a time
+  per replica; calls arriving meanwhile form the next one. ``batch`` raising,
+  or returning a list of the wrong length, fails every call of the batch.
+
 Contract:
 
 - ``setup`` runs exactly once, on the replica's own process, before the
@@ -65,6 +86,7 @@ Contract:
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,12 +141,41 @@ class Context:
 
 @dataclass(frozen=True)
 class CallContext:
-    """What ``__call__`` may receive as its second argument."""
+    """What ``__call__`` may receive as its second argument.
+
+    ``timings_ms``: phases the function measures itself (say ``adapter_switch``),
+    reported with the call's own timings (``Server-Timing``, the call record) once
+    it returns. Names are lowercase ``[a-z0-9_]``, at most ``MAX_CALL_TIMINGS``,
+    none of thaw's own (``RESERVED_TIMINGS``); others are dropped.
+    """
 
     call_id: str
     adapter: str | None = None
     attempt: int = 1
     stream: bool = False
+    timings_ms: dict[str, float] = field(default_factory=dict, compare=False)
+
+
+MAX_CALL_TIMINGS = 16
+RESERVED_TIMINGS = frozenset(
+    {"queue_wait", "execution", "first_output", "total", "adapter_load", "batch_wait"}
+    | {"control_plane", "schedule", "pool_acquire", "process_start", "imports", "device_init"}
+    | {"weights_fetch", "weights_to_device", "adapters", "user_setup"}
+)
+_TIMING_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
+
+
+def function_timings(reported: dict[Any, Any]) -> dict[str, float]:
+    """The well-formed entries of a function's ``CallContext.timings_ms`` (others dropped)."""
+    out: dict[str, float] = {}
+    for name, ms in reported.items():
+        if len(out) >= MAX_CALL_TIMINGS:
+            break
+        ok_value = isinstance(ms, int | float) and not isinstance(ms, bool) and 0 <= ms < 1e9
+        named = isinstance(name, str) and _TIMING_NAME.fullmatch(name) is not None
+        if named and name not in RESERVED_TIMINGS and ok_value:
+            out[name] = float(ms)
+    return out
 
 
 @runtime_checkable

@@ -29,6 +29,7 @@ from typing import Any
 
 from snapshotter.errors import NotFoundError
 from snapshotter.manifest import ArtifactKind
+from worker import log_guard
 from worker.adapters import AdapterCache
 from worker.artifacts import (
     LoadedWeights,
@@ -119,6 +120,8 @@ class _Loaders:
 
 def _specialize(spec: ReplicaSpec, loaders: _Loaders, phases_ms: dict[str, float]) -> Specialized:
     os.environ.update(spec.env)  # the function's declared environment, for its own code
+    secrets = {n: spec.env[n] for n in spec.secret_names if n in spec.env}
+    log_guard.install(secrets, spec.max_log_bytes_per_call)  # before any user code runs
     with _phase(phases_ms, "imports"):
         cls = load_entry(code_dir(spec), spec.entry)
     ctx = Context(device=spec.device, function=spec.function, replica_id=spec.replica_id)
@@ -132,8 +135,7 @@ def _specialize(spec: ReplicaSpec, loaders: _Loaders, phases_ms: dict[str, float
         setup = getattr(instance, "setup", None)
         if setup is not None:
             setup(ctx)
-    if not callable(instance):
-        raise TypeError(f"{spec.entry} instances are not callable; define __call__(self, input)")
+    _check_entry_points(spec, instance)
     cache = None
     if spec.store is not None:
         cache = AdapterCache(
@@ -143,8 +145,20 @@ def _specialize(spec: ReplicaSpec, loaders: _Loaders, phases_ms: dict[str, float
             on_load=getattr(instance, "load_adapter", None),
             on_unload=getattr(instance, "unload_adapter", None),
         )
-    takes_call = accepts_call_context(instance.__call__)
+    takes_call = callable(instance) and accepts_call_context(instance.__call__)
     return Specialized(instance, ctx, takes_call, phases_ms, profile, cache, loaders.loads())
+
+
+def _check_entry_points(spec: ReplicaSpec, instance: Any) -> None:
+    """A batched function needs ``batch(inputs)``; any other needs ``__call__(input)``."""
+    if spec.max_batch_size is not None:
+        if not callable(getattr(instance, "batch", None)):
+            raise TypeError(
+                f"{spec.function} asks for [batching] but {spec.entry} has no "
+                "batch(self, inputs) method; add one (see worker/sdk.py) or remove [batching]"
+            )
+    elif not callable(instance):
+        raise TypeError(f"{spec.entry} instances are not callable; define __call__(self, input)")
 
 
 def adapter_fetcher(loader: Callable[[], WeightLoader], device: str) -> Callable[[str], Adapter]:

@@ -15,12 +15,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio.to_thread
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from control_plane.api import errors
 from control_plane.api.limits import BodySizeLimit
+from control_plane.api.rate_limits import enforce_rate_limit, make_rate_limiter
 from control_plane.api.routes import (
     calls,
+    canary,
     console,
     functions,
     health,
@@ -28,6 +30,7 @@ from control_plane.api.routes import (
     keys,
     models,
     scaling,
+    secrets,
     stats,
     uploads,
     workers,
@@ -36,6 +39,8 @@ from control_plane.clock import Clock, system_clock
 from control_plane.db import migrate
 from control_plane.db.session import Database
 from control_plane.dispatch.base import Dispatcher
+from control_plane.dispatch.direct import DirectChannel
+from control_plane.dispatch.secrets import SecretsDispatcher, secret_box
 from control_plane.loop import BackgroundLoop
 from control_plane.metrics import Metrics
 from control_plane.notifier import InProcessNotifier
@@ -45,6 +50,7 @@ from control_plane.services.context import Services
 from control_plane.services.invocations import Invocations
 from control_plane.services.reconciler import Reconciler
 from control_plane.settings import Settings
+from control_plane.tracing import open_tracing, tracing_config
 from snapshotter.registry import Registry
 from snapshotter.stores import open_store
 
@@ -71,12 +77,16 @@ def build_services(
     return Services(
         settings=settings,
         db=db,
-        dispatcher=dispatcher or default_dispatcher(settings),
+        dispatcher=SecretsDispatcher(
+            dispatcher or default_dispatcher(settings), db, secret_box(settings)
+        ),
         notifier=InProcessNotifier(),
         metrics=Metrics(),
         clock=clock,
         registry_factory=lambda: Registry(open_store(settings.store_config())),
         validate_bundle=validate_bundle or subprocess_validator(settings.deploy_validate_timeout_s),
+        tracing=open_tracing(tracing_config(settings, "thaw-control-plane")),
+        direct=DirectChannel() if settings.direct_calls else None,
     )
 
 
@@ -122,6 +132,9 @@ def create_app(
             if run_loop:
                 loop.stop()
             services.dispatcher.close()
+            if services.direct is not None:
+                services.direct.close()
+            services.tracing.close()
             services.db.dispose()
 
     # The OpenAPI document is served by routes/health.py behind a key, like
@@ -138,9 +151,12 @@ def create_app(
     app.state.reconciler = reconciler
     app.state.invocations = Invocations(services, reconciler)
     app.state.bootstrap_admin_key = _bootstrap(services)
+    app.state.rate_limiter = make_rate_limiter(services)
     errors.install(app)
-    for module in (health, keys, models, functions, invoke, calls, workers):
+    for module in (health, keys, models, functions, canary, calls, workers):
         app.include_router(module.router)
+    app.include_router(invoke.router, dependencies=[Depends(enforce_rate_limit)])
+    app.include_router(secrets.router)
     for module in (stats, scaling, uploads, console):  # the web console's needs
         app.include_router(module.router)
     app.add_middleware(

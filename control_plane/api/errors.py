@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 
 from control_plane.api.timing import call_headers
 from control_plane.errors import (
@@ -15,9 +16,11 @@ from control_plane.errors import (
     NoCapacityError,
     NotFoundError,
     PayloadTooLargeError,
+    RateLimitedError,
     UnauthorizedError,
 )
 from control_plane.protocol import ProtocolVersionError
+from control_plane.services.ratelimit import retry_after_header
 from snapshotter.errors import InvalidReferenceError, SnapshotterError
 from snapshotter.errors import NotFoundError as StoreNotFound
 
@@ -28,6 +31,7 @@ STATUS_BY_ERROR: list[tuple[type[Exception], int]] = [
     (NotFoundError, 404),
     (ConflictError, 409),
     (PayloadTooLargeError, 413),
+    (RateLimitedError, 429),
     (NoCapacityError, 503),
     (DeadlineExceededError, 504),
     (ProtocolVersionError, 400),
@@ -44,6 +48,19 @@ def status_for(exc: Exception) -> int:
     return 500
 
 
+# The database restarting, unreachable or busy: the request may be retried shortly.
+DATABASE_RETRY_AFTER_S = 1.0
+
+
+async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    detail = (
+        "the database is unavailable right now (restarting, unreachable or busy); retry "
+        "the request shortly, with an Idempotency-Key so that a call is not sent twice"
+    )
+    headers = {"Retry-After": retry_after_header(DATABASE_RETRY_AFTER_S)}
+    return JSONResponse({"detail": detail}, status_code=503, headers=headers)
+
+
 async def _handle(request: Request, exc: Exception) -> JSONResponse:
     status = status_for(exc)
     headers: dict[str, str] = {}
@@ -51,6 +68,8 @@ async def _handle(request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, DeadlineExceededError):
         headers = call_headers(exc.call_id, cold=bool(exc.phases_ms), phases_ms=exc.phases_ms)
         body.update(call_id=exc.call_id, phases_ms=exc.phases_ms)
+    if isinstance(exc, RateLimitedError):
+        headers["Retry-After"] = retry_after_header(exc.retry_after_s)
     if isinstance(exc, UnauthorizedError):
         headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(body, status_code=status, headers=headers)
@@ -59,3 +78,4 @@ async def _handle(request: Request, exc: Exception) -> JSONResponse:
 def install(app: FastAPI) -> None:
     for cls in (ControlPlaneError, ProtocolVersionError, SnapshotterError):
         app.add_exception_handler(cls, _handle)
+    app.add_exception_handler(OperationalError, _database_unavailable)

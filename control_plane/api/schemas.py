@@ -18,6 +18,8 @@ class KeyCreate(BaseModel):
     scopes: list[Literal["admin", "deploy", "invoke", "worker"]] = Field(min_length=1)
     name: str = Field(default="", max_length=200)
     function: str | None = Field(default=None, max_length=200)
+    rate_per_s: float | None = Field(default=None, gt=0, le=1_000_000, description="invokes/s")
+    rate_burst: int | None = Field(default=None, ge=1, le=1_000_000)
 
 
 class KeyPublic(BaseModel):
@@ -27,6 +29,8 @@ class KeyPublic(BaseModel):
     function: str | None
     created_at: float
     revoked_at: float | None
+    rate_per_s: float | None = None
+    rate_burst: int | None = None
 
     @classmethod
     def of(cls, k: KeyInfo) -> KeyPublic:
@@ -51,6 +55,12 @@ class ModelPublic(BaseModel):
         return cls(**a.__dict__)
 
 
+class CanaryPublic(BaseModel):
+    version: int
+    weight_pct: float
+    started_at: float
+
+
 class FunctionPublic(BaseModel):
     name: str
     version: int | None
@@ -58,10 +68,12 @@ class FunctionPublic(BaseModel):
     spec: dict[str, Any] | None
     model_digest: str | None
     created_at: float
+    canary: CanaryPublic | None = None  # GET /v1/functions/{name}/canary compares them
 
     @classmethod
     def of(cls, f: FunctionInfo) -> FunctionPublic:
-        return cls(**f.__dict__)
+        canary = None if f.canary is None else CanaryPublic(**f.canary.__dict__)
+        return cls(**{**f.__dict__, "canary": canary})
 
 
 class RollbackBody(BaseModel):

@@ -11,12 +11,14 @@ _TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 
 
 def server_timing(*parts: dict[str, float]) -> str:
-    """``name;dur=ms`` entries (RFC Server-Timing), phases first, then call timings."""
-    entries = []
+    """``name;dur=ms`` entries (RFC Server-Timing), phases first, then call timings;
+    a name in two parts (a cold call's ``first_output``) is given once, the first."""
+    entries: dict[str, str] = {}
     for d in parts:
         for name, ms in d.items():
-            entries.append(f"{_TOKEN.sub('_', name)};dur={float(ms):.1f}")
-    return ", ".join(entries)
+            token = _TOKEN.sub("_", name)
+            entries.setdefault(token, f"{token};dur={float(ms):.1f}")
+    return ", ".join(entries.values())
 
 
 def call_headers(

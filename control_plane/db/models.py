@@ -17,6 +17,7 @@ from sqlalchemy import (
     Boolean,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -39,6 +40,20 @@ class ApiKey(Base):
     function: Mapped[str | None] = mapped_column(String(200), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Invokes with this key: a token bucket (services.ratelimit); None: no limit.
+    rate_per_s: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
+    rate_burst: Mapped[int | None] = mapped_column(Integer, nullable=True, default=None)
+
+
+class Secret(Base):
+    """A function secret, Fernet-encrypted (services.secrets); never returned by the API."""
+
+    __tablename__ = "secrets"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    sealed_value: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
 
 
 class Function(Base):
@@ -48,6 +63,10 @@ class Function(Base):
     name: Mapped[str] = mapped_column(String(200), unique=True)
     active_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
+    # The autoscaler's recent recommendations per serving version ({version:
+    # [[since, replicas], ...]}), so every control-plane process stabilizes over
+    # the same window (services.scale_history).
+    scale_history_json: Mapped[str] = mapped_column(Text, default="{}")
 
 
 class FunctionVersion(Base):
@@ -79,6 +98,11 @@ class Worker(Base):
     inventory_json: Mapped[str] = mapped_column(Text, default="{}")
     healthy: Mapped[bool] = mapped_column(Boolean, default=True)
     lost: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The direct call port and its token (worker.dataplane); None: queue only. The
+    # token is the worker's own per-run secret, kept in clear because the control
+    # plane must present it, like a broker password.
+    data_addr: Mapped[str | None] = mapped_column(String(300), nullable=True, default=None)
+    data_token: Mapped[str | None] = mapped_column(String(200), nullable=True, default=None)
     registered_at: Mapped[float] = mapped_column(Float)
     last_heartbeat_at: Mapped[float] = mapped_column(Float)
 
@@ -107,7 +131,15 @@ class Replica(Base):
 
 class Call(Base):
     __tablename__ = "calls"
-    __table_args__ = (UniqueConstraint("function", "api_key_id", "idempotency_key"),)
+    __table_args__ = (
+        UniqueConstraint("function", "api_key_id", "idempotency_key"),
+        # Every call lookup on a hot path narrows by both columns, so the work stays
+        # proportional to the calls in flight, not to every call ever made.
+        Index("ix_calls_replica_status", "replica_id", "status"),
+        Index("ix_calls_function_status", "function", "status"),
+        Index("ix_calls_function_accepted", "function", "accepted_at"),
+        Index("ix_calls_function_finished", "function", "finished_at"),
+    )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     function: Mapped[str] = mapped_column(String(200), index=True)
@@ -117,6 +149,8 @@ class Call(Base):
     status: Mapped[str] = mapped_column(String(16), index=True)
     input_json: Mapped[str] = mapped_column(Text)
     adapter: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    # X-Thaw-Session: the router sends a session's calls to the replica of its last one.
+    session_id: Mapped[str | None] = mapped_column(String(200), nullable=True, index=True)
     stream: Mapped[bool] = mapped_column(Boolean, default=False)
     output_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -158,3 +192,17 @@ class Lock(Base):
     __tablename__ = "locks"
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
+
+
+class Canary(Base):
+    """A function's canary: ``version`` takes ``weight_pct`` % of new calls while the
+    active version keeps the rest (``services.canary``). At most one per function."""
+
+    __tablename__ = "canaries"
+
+    function_id: Mapped[int] = mapped_column(
+        ForeignKey("functions.id", ondelete="CASCADE"), primary_key=True
+    )
+    version: Mapped[int] = mapped_column(Integer)
+    weight_pct: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float] = mapped_column(Float)

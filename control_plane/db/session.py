@@ -25,11 +25,14 @@ def make_engine(url: str) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True, pool_size=20, max_overflow=20)
-    if parsed.database and parsed.database != ":memory:":
+    connect_args = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+    if not parsed.database or parsed.database == ":memory:":
+        engine = create_engine(url, connect_args=connect_args)
+    else:
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(
-        url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
-    )
+        # As many kept connections as request threads commonly run at once: an
+        # overflow connection is opened (four PRAGMAs) and closed per use.
+        engine = create_engine(url, connect_args=connect_args, pool_size=20, max_overflow=20)
     event.listen(engine, "connect", _sqlite_pragmas)
     return engine
 

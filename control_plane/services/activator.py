@@ -5,8 +5,8 @@ A synchronous or streaming request waits here while the call is queued
 wake-ups from the notifier plus a re-read of the database at least every
 ``result_poll_interval_s`` (another control-plane process may have recorded
 the result). When the deadline passes first, the call is ended as
-``timeout`` (guarded: if a result won the race, the result is returned) and
-``DeadlineExceededError`` carries the cold-start phases seen so far.
+``expired`` (still queued) or ``timeout`` (guarded: if a result won the race,
+the result is returned) and ``DeadlineExceededError`` carries the cold-start phases seen so far.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
-from control_plane.errors import DeadlineExceededError
-from control_plane.services import calls, replicas
+from control_plane.errors import DeadlineExceededError, NotFoundError
+from control_plane.services import calls, functions, replicas
 from control_plane.services.calls import CallView
 from control_plane.services.context import Services
+from control_plane.services.states import DEADLINE_CALL_STATES
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class Activator:
         seen = 0
         while True:
             view = self._read(call_id)
-            if view.status == "timeout":
+            if view.status in DEADLINE_CALL_STATES:
                 # Ended by the reconcile loop's expiry or the worker: same answer.
                 raise self._deadline_error(view)
             if view.final:
@@ -57,6 +58,23 @@ class Activator:
             if self.s.clock() >= view.deadline_at:
                 return self._expire(view)
             seen = self._wait(call_id, seen, view.deadline_at)
+
+    def client_gone(self, call_id: str) -> None:
+        """A streaming client went away: cancel its call unless it is final or the
+        function's ``on_disconnect`` is ``finish``."""
+        with self.s.db.session() as session:
+            view = calls.get(session, call_id)
+            try:
+                policy = functions.active(session, view.function).spec.on_disconnect
+            except NotFoundError:
+                return  # deleted: its calls were cancelled with it
+            if view.final or policy != "cancel":
+                return
+            error = 'the streaming client disconnected (on_disconnect = "cancel")'
+            calls.finalize(
+                session, self.s.metrics, self.s.clock(), call_id, "cancelled", error=error
+            )
+        self.s.notifier.notify(call_id)
 
     def stream(self, call_id: str) -> Iterator[StreamItem]:
         """Each streamed output in order, then ``done`` (the call) or ``error``."""
@@ -82,19 +100,13 @@ class Activator:
             seen = self._wait(call_id, seen, view.deadline_at)
 
     def _expire(self, view: CallView) -> CallView:
-        """End ``view`` as timeout and raise; if a result won the race, return it."""
+        """End ``view`` as expired (still queued) or timeout and raise; if a result won
+        the race, return it."""
         with self.s.db.session() as session:
-            won = calls.finalize(
-                session,
-                self.s.metrics,
-                self.s.clock(),
-                view.id,
-                "timeout",
-                error="the call's deadline passed",
-            )
+            won = calls.end_at_deadline(session, self.s.metrics, self.s.clock(), view.id)
         self.s.notifier.notify(view.id)
         latest = self._read(view.id)
-        if won or latest.status == "timeout":
+        if won or latest.status in DEADLINE_CALL_STATES:
             raise self._deadline_error(latest)
         return latest
 
@@ -127,7 +139,7 @@ def wait_dispatched(activator: Activator, call_id: str) -> CallView:
     seen = 0
     while True:
         view = activator._read(call_id)
-        if view.status == "timeout":
+        if view.status in DEADLINE_CALL_STATES:
             raise activator._deadline_error(view)
         if view.final or view.status != "queued":
             return view

@@ -3,9 +3,10 @@
 The check runs in a subprocess (``python -I``: isolated mode, no user site,
 no ``PYTHON*`` variables), in a fresh temporary directory holding only the
 bundle, with a minimal environment and a timeout. A bundle that does not
-import, or whose entry class is missing or has no ``__call__``, is refused
-with the subprocess's own error, and the function's previous version keeps
-serving. (The worker validates again, for real, when it starts a replica.)
+import, or whose entry class is missing or has neither ``__call__`` nor
+``batch`` (a batched function's), is refused with the subprocess's own
+error, and the function's previous version keeps serving. (The worker
+validates again, for real, when it starts a replica.)
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ mod = importlib.import_module(mod_name)
 cls = getattr(mod, cls_name, None)
 if cls is None:
     sys.exit(f"module {mod_name!r} has no attribute {cls_name!r}")
-if not isinstance(cls, type) or not any("__call__" in vars(k) for k in cls.__mro__[:-1]):
-    sys.exit(f"{sys.argv[1]} is not a class that defines __call__(self, input)")
+entry_points = ("__call__", "batch")  # batch(self, inputs): batched functions
+if not isinstance(cls, type) or not any(
+    n in vars(k) for k in cls.__mro__[:-1] for n in entry_points
+):
+    sys.exit(f"{sys.argv[1]} is not a class that defines __call__(self, input) "
+             "or batch(self, inputs)")
 """
 
 

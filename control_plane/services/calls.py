@@ -1,9 +1,10 @@
 """Calls: accepted once, ended once.
 
     queued ──▶ dispatched ──▶ running ──▶ succeeded | failed | timeout | cancelled
-      ▲            │             │
-      └────────────┴─────────────┘  re-queued (attempt + 1) when the worker is lost
-                                    and retries remain
+      │ ▲          │             │
+      │ └──────────┴─────────────┘  re-queued (attempt + 1) when the worker is lost
+      │                             and retries remain
+      └──▶ expired                  the deadline passed before it ever left the queue
 
 Every transition is a guarded ``UPDATE ... WHERE status IN (...)``; the
 final one only from a non-final state, so concurrent enders (the worker's
@@ -27,7 +28,7 @@ from control_plane.db.models import Call, CallOutput, Replica
 from control_plane.errors import BadRequestError, ConflictError, NotFoundError
 from control_plane.metrics import Metrics
 from control_plane.protocol import FINAL_CALL_EVENTS, CallEvent
-from control_plane.services import coldstart
+from control_plane.services import catalog, coldstart
 from control_plane.services.functions import ActiveVersion
 from control_plane.services.keys import Principal
 from control_plane.services.states import (
@@ -35,6 +36,7 @@ from control_plane.services.states import (
     IN_FLIGHT_CALL_STATES,
     NON_FINAL_CALL_STATES,
 )
+from snapshotter.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class CallRequest:
     stream: bool = False
     idempotency_key: str | None = None
     deadline_ms: float | None = None
+    session_id: str | None = None  # X-Thaw-Session: route to the session's last replica
 
 
 @dataclass(frozen=True)
@@ -102,33 +105,59 @@ def _canonical(value: Any) -> str:
 
 
 def accept(
-    session: Session, now: float, who: Principal, fn: ActiveVersion, req: CallRequest
+    session: Session,
+    now: float,
+    who: Principal,
+    fn: ActiveVersion,
+    req: CallRequest,
+    registry: Registry | None = None,
 ) -> tuple[CallView, bool]:
     """Record a call as queued; with an idempotency key, return the existing one.
 
     Returns (call, created). Raises ``ConflictError`` when the key was used
-    with a different input, ``BadRequestError`` for an adapter the function lacks.
+    with a different input, ``BadRequestError`` for an adapter that is neither
+    listed by the function nor in ``registry`` (the replica loads an unlisted
+    one on first use).
+
+    The insert stays in the session's transaction (no savepoint: on SQLite the
+    driver would commit it on release, and the reconciler could dispatch the
+    call before the caller's transaction ends). When another request with the
+    same idempotency key wins the insert, the transaction is rolled back and the
+    winner's call returned: the session must hold no other pending writes.
     """
     who.require("invoke", fn.name)
     if req.adapter is not None and req.adapter not in {a.name for a in fn.adapters}:
-        known = ", ".join(a.name for a in fn.adapters) or "none"
-        raise BadRequestError(f"function {fn.name} has no adapter {req.adapter!r} (it has {known})")
+        _check_unlisted_adapter(registry, fn, req.adapter)
     input_json = _canonical(req.input)
     if req.idempotency_key is not None:
         existing = _by_idempotency(session, fn.name, who.key_id, req.idempotency_key)
         if existing is not None:
             return _same_or_conflict(existing, input_json), False
     row = _new_call(now, who, fn, req, input_json)
+    session.add(row)
     try:
-        with session.begin_nested():
-            session.add(row)
+        session.flush()
     except IntegrityError:
         # Another request with the same idempotency key won the insert.
+        session.rollback()
         existing = _by_idempotency(session, fn.name, who.key_id, req.idempotency_key)
         if existing is None:
             raise
         return _same_or_conflict(existing, input_json), False
     return view(row), True
+
+
+def _check_unlisted_adapter(registry: Registry | None, fn: ActiveVersion, ref: str) -> None:
+    known = ", ".join(a.name for a in fn.adapters) or "none"
+    if registry is None:
+        raise BadRequestError(f"function {fn.name} has no adapter {ref!r} (it lists {known})")
+    try:
+        catalog.resolve_adapter(registry, ref)
+    except BadRequestError as exc:
+        raise BadRequestError(
+            f"function {fn.name} does not list adapter {ref!r} (it lists {known}) and the "
+            f"store cannot give it: {exc}"
+        ) from None
 
 
 def _new_call(
@@ -146,6 +175,7 @@ def _new_call(
         status="queued",
         input_json=input_json,
         adapter=req.adapter,
+        session_id=req.session_id,
         stream=req.stream,
         attempt=1,
         retries=fn.spec.retries,
@@ -212,8 +242,10 @@ def finalize(
     error: str | None = None,
     timings_ms: dict[str, float] | None = None,
     adapter_hit: bool | None = None,
+    from_states: tuple[str, ...] = NON_FINAL_CALL_STATES,
 ) -> bool:
-    """Move a call to final ``status`` unless it already is final. True if this won.
+    """Move a call to final ``status`` if it is in one of ``from_states`` (by default
+    any non-final state). True if this won.
 
     The winner also completes the call's books: ``total`` (as the control
     plane measured it, unless the worker reported one), a cold call's
@@ -236,7 +268,7 @@ def finalize(
         values["timings_json"] = json.dumps(merged)
     result = session.execute(
         update(Call)
-        .where(Call.id == call_id, Call.status.in_(NON_FINAL_CALL_STATES))
+        .where(Call.id == call_id, Call.status.in_(from_states))
         .values(**values)
         .execution_options(synchronize_session=False)
     )
@@ -244,6 +276,20 @@ def finalize(
     if won:
         _complete_books(session, metrics, now, call_id, status, adapter_hit)
     return won
+
+
+def end_at_deadline(session: Session, metrics: Metrics | None, now: float, call_id: str) -> bool:
+    """End a call whose deadline passed: ``expired`` if it never left the queue, else
+    ``timeout``. True if this ended it (False: it was already final)."""
+    never_started = (
+        "the call's deadline passed while it was still queued (no replica took it in time); "
+        "send it with a longer deadline or add capacity"
+    )
+    if finalize(
+        session, metrics, now, call_id, "expired", error=never_started, from_states=("queued",)
+    ):
+        return True
+    return finalize(session, metrics, now, call_id, "timeout", error="the call's deadline passed")
 
 
 def _complete_books(
@@ -288,8 +334,12 @@ def record_event(
             .execution_options(synchronize_session=False)
         )
     elif ev.kind == "output":
-        _add_output(session, metrics, now, row, ev.output)
+        _add_output(session, metrics, now, row, ev.output, ev.seq)
+    elif ev.kind == "failed" and ev.not_run:
+        requeue_or_fail(session, metrics, now, row, ev.error or "its replica was gone")
     elif ev.kind in FINAL_CALL_EVENTS:
+        if ev.loaded_adapters is not None and row.replica_id is not None:
+            _note_adapters(session, row.replica_id, ev.loaded_adapters)
         won = finalize(
             session,
             metrics,
@@ -305,16 +355,48 @@ def record_event(
             raise ConflictError(f"call {call_id} is already final; stop sending for it")
 
 
-def _add_output(session: Session, metrics: Metrics | None, now: float, row: Call, out: Any) -> None:
-    seq = session.scalar(
-        select(func.coalesce(func.max(CallOutput.seq), 0)).where(
-            CallOutput.call_id == row.id, CallOutput.attempt == row.attempt
+def requeue_or_fail(
+    session: Session, metrics: Metrics | None, now: float, call: Call, reason: str
+) -> None:
+    """A call whose replica vanished: run it again if retries remain, else fail it."""
+    if call.attempt <= call.retries:
+        session.execute(
+            update(Call)
+            .where(Call.id == call.id, Call.status.in_(IN_FLIGHT_CALL_STATES))
+            .values(status="queued", attempt=call.attempt + 1, replica_id=None)
+            .execution_options(synchronize_session=False)
         )
+    else:
+        finalize(session, metrics, now, call.id, "failed", error=reason)
+
+
+def _note_adapters(session: Session, replica_id: str, names: list[str]) -> None:
+    """What the replica holds now (its adapters loaded on first use included), for
+    the router's adapter preference."""
+    session.execute(
+        update(Replica)
+        .where(Replica.id == replica_id)
+        .values(adapters_json=json.dumps(sorted(set(names))))
+        .execution_options(synchronize_session=False)
     )
-    chunk = CallOutput(
-        call_id=row.id, attempt=row.attempt, seq=int(seq or 0) + 1, output_json=_canonical(out)
+
+
+def _add_output(
+    session: Session, metrics: Metrics | None, now: float, row: Call, out: Any, seq: int | None
+) -> None:
+    """Store one streamed chunk. With the worker's ``seq`` a repeat (a retried post)
+    is dropped; without it (an older worker) the chunk goes after the last one."""
+    where = (CallOutput.call_id == row.id, CallOutput.attempt == row.attempt)
+    if seq is None:
+        last = session.scalar(select(func.coalesce(func.max(CallOutput.seq), 0)).where(*where))
+        seq = int(last or 0) + 1
+    elif session.scalar(select(CallOutput.id).where(*where, CallOutput.seq == seq)) is not None:
+        return
+    # Two posts of one chunk at the same moment: the second fails on the unique key
+    # and the worker's retry of it is dropped above.
+    session.add(
+        CallOutput(call_id=row.id, attempt=row.attempt, seq=seq, output_json=_canonical(out))
     )
-    session.add(chunk)
     if row.first_output_at is None:
         row.first_output_at = now
         first_ms = (now - row.accepted_at) * 1000

@@ -72,3 +72,23 @@ def delete_artifact(session: Session, registry: Registry, ref: str) -> ArtifactI
         )
     registry.delete_tag(f"{info.name}:{info.tag}")
     return info
+
+
+def resolve_adapter(registry: Registry, ref: str) -> str:
+    """The manifest digest of adapter ``ref`` (``NAME:TAG``) in the store.
+
+    Raises ``BadRequestError`` naming ``ref`` when the store lacks it or it is
+    not an adapter.
+    """
+    try:
+        digest = registry.resolve(ref)
+        manifest = registry.get_manifest(digest)
+    except StoreNotFound:
+        raise BadRequestError(
+            f"adapter {ref!r} is not in the store; push it with `thaw models push DIR {ref}`"
+        ) from None
+    except SnapshotterError as exc:
+        raise BadRequestError(f"adapter {ref!r}: {exc}") from None
+    if manifest.kind != ArtifactKind.ADAPTER:
+        raise BadRequestError(f"{ref!r} is a {manifest.kind.value}, not a LoRA adapter")
+    return digest

@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 from control_plane.clock import Clock
 from control_plane.db.session import Database
 from control_plane.dispatch.base import Dispatcher
+from control_plane.dispatch.direct import DirectChannel
 from control_plane.metrics import Metrics
 from control_plane.notifier import Notifier
 from control_plane.services.bundles import BundleValidator
 from control_plane.settings import Settings
+from control_plane.tracing import NO_TRACING, Tracing
 from snapshotter.registry import Registry
 
 
@@ -32,6 +34,10 @@ class Services:
     # Why the latest replica start of a function could not be placed (cleared
     # once one is); a caller whose deadline passes is told this reason.
     placement_errors: dict[str, str] = field(default_factory=dict)
+    # Spans of calls (control_plane.tracing); NO_TRACING without an OTLP endpoint.
+    tracing: Tracing = NO_TRACING
+    # Warm synchronous calls straight to the worker (None: every call is queued).
+    direct: DirectChannel | None = None
     _registry: Registry | None = None
 
     @property

@@ -5,6 +5,8 @@ in the store with the right kind (else 400 naming the missing one), the
 bundle exists, and its entry imports (``services.bundles``). Only then is a
 new version stored and made active, so a bad deploy never replaces a
 serving version. Replicas of older versions are drained by the reconciler.
+A deploy with a canary share stores the version as the function's canary
+instead (``services.canary``); a plain deploy or a rollback ends any canary.
 """
 
 from __future__ import annotations
@@ -13,16 +15,19 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import delete as sql_delete
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from control_plane.db.models import Call, Function, FunctionVersion
+from control_plane.db.models import Call, Canary, Function, FunctionVersion
 from control_plane.errors import BadRequestError, NotFoundError
 from control_plane.services.bundles import BundleValidator
 from control_plane.services.states import NON_FINAL_CALL_STATES
 from control_plane.spec import FunctionSpec
+from snapshotter import pins
 from snapshotter.errors import NotFoundError as StoreNotFound
 from snapshotter.errors import SnapshotterError
+from snapshotter.images import resolve_image
 from snapshotter.manifest import ArtifactKind
 from snapshotter.registry import Registry
 
@@ -53,6 +58,14 @@ class FunctionInfo:
     spec: dict[str, Any] | None
     model_digest: str | None
     created_at: float
+    canary: CanaryInfo | None = None  # a version taking a share of calls beside it
+
+
+@dataclass(frozen=True)
+class CanaryInfo:
+    version: int
+    weight_pct: float
+    started_at: float
 
 
 def _resolve(registry: Registry, ref: str, kind: ArtifactKind, what: str) -> str:
@@ -71,9 +84,18 @@ def _resolve(registry: Registry, ref: str, kind: ArtifactKind, what: str) -> str
 
 
 def deploy(
-    session: Session, registry: Registry, validate: BundleValidator, spec: FunctionSpec, now: float
+    session: Session,
+    registry: Registry,
+    validate: BundleValidator,
+    spec: FunctionSpec,
+    now: float,
+    canary_pct: float | None = None,
 ) -> FunctionInfo:
-    """Check ``spec`` fully, then store it as the function's new active version."""
+    """Check ``spec`` fully, then store it as the function's new active version.
+
+    With ``canary_pct`` the new version becomes the function's canary instead
+    (``services.canary``): it takes that share of calls, the active version the rest.
+    """
     model_digest = None
     if spec.model:
         model_digest = _resolve(registry, spec.model, ArtifactKind.MODEL, "model")
@@ -81,9 +103,14 @@ def deploy(
         ResolvedAdapter(a.name, a.ref, _resolve(registry, a.ref, ArtifactKind.ADAPTER, "adapter"))
         for a in spec.adapters
     ]
-    _resolve(registry, spec.bundle, ArtifactKind.BUNDLE, "code bundle")
+    bundle_digest = _resolve(registry, spec.bundle, ArtifactKind.BUNDLE, "code bundle")
     validate(registry, spec.bundle, spec.entry)
     fn = session.scalars(select(Function).where(Function.name == spec.name)).first()
+    if canary_pct is not None and (fn is None or fn.active_version is None):
+        raise BadRequestError(
+            f"function {spec.name} has no active version for a canary to be compared with; "
+            "deploy it once without --canary"
+        )
     if fn is None:
         fn = Function(name=spec.name, created_at=now)
         session.add(fn)
@@ -102,9 +129,27 @@ def deploy(
             created_at=now,
         )
     )
-    fn.active_version = version
+    if canary_pct is None:
+        fn.active_version = version
+        session.execute(sql_delete(Canary).where(Canary.function_id == fn.id))
+    else:
+        session.merge(
+            Canary(function_id=fn.id, version=version, weight_pct=canary_pct, started_at=now)
+        )
     session.flush()
+    used = [bundle_digest, *([model_digest] if model_digest else []), *(a.digest for a in adapters)]
+    pins.pin(registry.store, pins.function_owner(spec.name, version), used + _image(registry, spec))
     return show(session, spec.name)
+
+
+def _image(registry: Registry, spec: FunctionSpec) -> list[str]:
+    """The image digest a docker function runs on, when it resolves (it is checked at start)."""
+    if not spec.image:
+        return []
+    try:
+        return [resolve_image(registry, spec.image)]
+    except SnapshotterError:
+        return []
 
 
 def _get(session: Session, name: str) -> Function:
@@ -130,10 +175,15 @@ def active(session: Session, name: str) -> ActiveVersion:
     fn = _get(session, name)
     if fn.active_version is None:
         raise NotFoundError(f"function {name} has no active version; deploy it")
-    row = _version_row(session, fn, fn.active_version)
+    return version_of(session, fn, fn.active_version)
+
+
+def version_of(session: Session, fn: Function, version: int) -> ActiveVersion:
+    """Version ``version`` of ``fn`` as the scheduler and dispatcher need it."""
+    row = _version_row(session, fn, version)
     adapters = [ResolvedAdapter(**a) for a in json.loads(row.adapters_json)]
     spec = FunctionSpec.model_validate_json(row.spec_json)
-    return ActiveVersion(name, row.version, spec, row.model_digest, adapters)
+    return ActiveVersion(fn.name, row.version, spec, row.model_digest, adapters)
 
 
 def show(session: Session, name: str) -> FunctionInfo:
@@ -150,7 +200,15 @@ def show(session: Session, name: str) -> FunctionInfo:
     if fn.active_version is not None:
         row = _version_row(session, fn, fn.active_version)
         spec, model_digest = json.loads(row.spec_json), row.model_digest
-    return FunctionInfo(fn.name, fn.active_version, versions, spec, model_digest, fn.created_at)
+    row_canary = session.get(Canary, fn.id)
+    canary = (
+        None
+        if row_canary is None
+        else CanaryInfo(row_canary.version, row_canary.weight_pct, row_canary.started_at)
+    )
+    return FunctionInfo(
+        fn.name, fn.active_version, versions, spec, model_digest, fn.created_at, canary
+    )
 
 
 def list_functions(session: Session) -> list[FunctionInfo]:
@@ -162,8 +220,9 @@ def names(session: Session) -> list[str]:
     return list(session.scalars(select(Function.name).order_by(Function.name)))
 
 
-def delete(session: Session, name: str, now: float) -> list[str]:
-    """Remove the function and its versions; its unfinished calls end cancelled.
+def delete(session: Session, registry: Registry, name: str, now: float) -> list[str]:
+    """Remove the function and its versions (and their pins: ``thaw gc`` may then
+    collect what only they used); its unfinished calls end cancelled.
 
     Returns the ids of the calls it cancelled (their waiters need waking).
     """
@@ -180,6 +239,7 @@ def delete(session: Session, name: str, now: float) -> list[str]:
     )
     session.delete(fn)
     session.flush()
+    pins.unpin(registry.store, pins.function_owner(name))
     return call_ids
 
 
@@ -193,6 +253,7 @@ def rollback(session: Session, name: str, version: int | None) -> FunctionInfo:
         version = older[-1]
     _version_row(session, fn, version)
     fn.active_version = version
+    session.execute(sql_delete(Canary).where(Canary.function_id == fn.id))  # back to one version
     session.flush()
     return show(session, name)
 

@@ -6,7 +6,7 @@ Stored shape (every key optional; a missing bandwidth means "use the default")::
 
     {"holdings": [{"tier": "ram", "digest": "blake3:…", "bytes": 123}, …],
      "bandwidths": {"ram_bytes_per_s": 5e9, "disk_bytes_per_s": null, …},
-     "pool_idle": 2, "pool_busy": 1}
+     "pool_idle": 2, "pool_busy": 1, "gpu_utilization_pct": [37.0, 0.0]}
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ class WorkerInventory:
     bandwidths: Bandwidths = DEFAULT_BANDWIDTHS
     pool_idle: int | None = None
     pool_busy: int | None = None
+    gpu_utilization_pct: tuple[float, ...] | None = None
 
 
 def encode(msg: WorkerHeartbeat) -> str:
@@ -35,6 +36,7 @@ def encode(msg: WorkerHeartbeat) -> str:
             "bandwidths": msg.bandwidths.model_dump(),
             "pool_idle": msg.pool_idle,
             "pool_busy": msg.pool_busy,
+            "gpu_utilization_pct": msg.gpu_utilization_pct,
         }
     )
 
@@ -59,4 +61,9 @@ def decode(text: str) -> WorkerInventory:
         bandwidths=_bandwidths(raw.get("bandwidths") or {}),
         pool_idle=raw.get("pool_idle"),
         pool_busy=raw.get("pool_busy"),
+        gpu_utilization_pct=_utilization(raw.get("gpu_utilization_pct")),
     )
+
+
+def _utilization(raw: Any) -> tuple[float, ...] | None:
+    return None if raw is None else tuple(float(pct) for pct in raw)

@@ -2,9 +2,11 @@
 
 One pass for a function (``reconcile_function``):
 
-1. route queued calls to ready replicas (``router.choose``), each moved
+1. route queued calls to ready replicas (``router.route``: session,
+   prefix, then least outstanding), each moved
    queued → dispatched by a guarded UPDATE, so no call is sent twice;
-2. compute the replica target (``autoscaler.desired_replicas``) and start
+2. compute the replica target (``autoscaler.decide``, stabilized over the
+   history in ``scale_history``) and start
    replicas where ``scheduler.place`` says, or drain idle ones;
 3. drain replicas of versions that are no longer active.
 
@@ -17,7 +19,6 @@ the call back in the queue.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -31,13 +32,23 @@ from control_plane.db.models import Call, Lock, Replica
 from control_plane.errors import NoCapacityError, NotFoundError
 from control_plane.metrics import Metrics
 from control_plane.protocol import ReplicaEvent, RunCall, StartReplica, StopReplica
-from control_plane.services import calls, coldstart, functions, replicas, workers
-from control_plane.services.autoscaler import ScaleState, desired_replicas
+from control_plane.services import (
+    calls,
+    canary,
+    dispatching,
+    functions,
+    replicas,
+    scale_history,
+    worker_health,
+    workers,
+)
+from control_plane.services.autoscaler import ScaleState
 from control_plane.services.context import Services
 from control_plane.services.functions import ActiveVersion
-from control_plane.services.router import CallRoute, choose
+from control_plane.services.router import ReplicaView
 from control_plane.services.scheduler import ReplicaRequest, place
 from control_plane.services.states import IN_FLIGHT_CALL_STATES, NON_FINAL_CALL_STATES
+from control_plane.tracing import call_traceparent
 
 log = logging.getLogger(__name__)
 RECONCILE_LOCK = "reconcile"
@@ -54,6 +65,9 @@ class Outbox:
 class Reconciler:
     def __init__(self, services: Services) -> None:
         self.s = services
+        # A restarted control plane has heard no heartbeat yet: workers that kept
+        # running must not be taken for lost before they had time to send one.
+        self._started_at = services.clock()
 
     # --- entry points ---------------------------------------------------------
     def kick(self, function: str) -> None:
@@ -63,11 +77,15 @@ class Reconciler:
             with self.s.db.session() as session:
                 _serialize_across_processes(session)
                 try:
-                    fn = functions.active(session, function)
+                    versions = canary.serving(session, function)
                 except NotFoundError:
                     return
-                self._reconcile_function(session, fn, box)
+                self._reconcile_versions(session, versions, box)
             self._send(box)
+
+    def send_run(self, worker_id: str, msg: RunCall) -> bool:
+        """Send a call already dispatched in the database through the worker's queue."""
+        return _try(self.s.dispatcher.run_call, worker_id, msg)
 
     def tick(self) -> None:
         """One full pass over every function plus housekeeping."""
@@ -76,85 +94,92 @@ class Reconciler:
             now = self.s.clock()
             with self.s.db.session() as session:
                 _serialize_across_processes(session)
-                lost = workers.mark_lost(session, self.s.metrics, now, self.s.worker_lost_after_s)
-                box.touched_calls += lost.touched_call_ids
+                if now - self._started_at >= self.s.worker_lost_after_s:
+                    lost_after_s = self.s.worker_lost_after_s
+                    lost = workers.mark_lost(session, self.s.metrics, now, lost_after_s)
+                    box.touched_calls += lost.touched_call_ids
                 box.touched_calls += self._expire(session, now)
                 box.touched_calls += self._give_up_slow_starts(session, now, box)
                 live_names = set(functions.names(session))
                 for name in live_names:
-                    self._reconcile_function(session, functions.active(session, name), box)
+                    self._reconcile_versions(session, canary.serving(session, name), box)
                 self._drain_orphans(session, live_names, box)
                 self._gauges(session)
             self._send(box)
 
     # --- one function ---------------------------------------------------------
-    def _reconcile_function(self, session: Session, fn: ActiveVersion, box: Outbox) -> None:
+    def _reconcile_versions(
+        self, session: Session, versions: list[ActiveVersion], box: Outbox
+    ) -> None:
+        """Route and scale each serving version (the active one, then a canary) on its
+        own calls, with replicas of its own; drain replicas of any other version."""
         now = self.s.clock()
-        self._route_queued(session, fn, now, box)
-        self._scale(session, fn, now, box)
-        for r in replicas.live(session, fn.name):
-            if r.version != fn.version:
+        canary.requeue_to_serving(session, versions)
+        for fn in versions:
+            self._route_queued(session, fn, now, box)
+            self._scale(session, fn, now, box)
+        serving = {fn.version for fn in versions}
+        for r in replicas.live(session, versions[0].name):
+            if r.version not in serving:
                 self._drain_if_idle(session, r, "a newer version is active", box)
 
     def _route_queued(self, session: Session, fn: ActiveVersion, now: float, box: Outbox) -> None:
         queued = session.scalars(
             select(Call)
-            .where(Call.function == fn.name, Call.status == "queued")
+            .where(Call.function == fn.name, Call.version == fn.version, Call.status == "queued")
             .order_by(Call.accepted_at)
         ).all()
         if not queued:
             return
-        views = {v.id: v for v in replicas.views(session, fn.name)}
-        limit = fn.spec.scaling.target_concurrency
+        breakers = self._breakers(session, now)
+        worker_of = _workers_of(session, fn.name) if breakers else {}
+        views = {
+            v.id: v
+            for v in replicas.views(session, fn.name)
+            if breakers.get(worker_of.get(v.id, ""), "closed") != "open"
+        }
         for call in queued:
-            route = CallRoute(version=fn.version, adapter=call.adapter, max_outstanding=limit)
-            chosen = choose(list(views.values()), route)
-            if chosen is None:
-                return
-            replica = session.get(Replica, chosen.id)
-            if replica is None or not self._mark_dispatched(session, call, replica, fn, now):
-                continue
-            views[chosen.id] = replace(chosen, outstanding=chosen.outstanding + 1)
-            box.runs.append((replica.worker_id, _run_message(call, replica, fn)))
-            box.touched_calls.append(call.id)
-
-    def _mark_dispatched(
-        self, session: Session, call: Call, replica: Replica, fn: ActiveVersion, now: float
-    ) -> bool:
-        cold = replica.ready_at is not None and replica.ready_at >= call.accepted_at
-        phases = coldstart.replica_phases(replica) if cold else {}
-        timings = {**json.loads(call.timings_json), "queue_wait": (now - call.accepted_at) * 1000}
-        result = session.execute(
-            update(Call)
-            .where(Call.id == call.id, Call.status == "queued")
-            .values(
-                status="dispatched",
-                replica_id=replica.id,
-                version=fn.version,
-                dispatched_at=now,
-                cold=cold,
-                phases_json=json.dumps(phases),
-                timings_json=json.dumps(timings),
+            # A half-open worker's probe goes first; if it cannot take it, any replica.
+            done = dispatching.route_one(
+                session, self.s.metrics, fn, call, _probe_first(views, worker_of, breakers), now
             )
-            .execution_options(synchronize_session=False)
-        )
-        session.refresh(call)
-        return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+            if done == dispatching.NO_ROOM:
+                done = dispatching.route_one(
+                    session, self.s.metrics, fn, call, list(views.values()), now
+                )
+            if done == dispatching.NO_ROOM:
+                return
+            if not isinstance(done, dispatching.Dispatched):
+                continue  # no longer queued: someone else dispatched it
+            views[done.view.id] = replace(done.view, outstanding=done.view.outstanding + 1)
+            probed = done.replica.worker_id
+            if breakers.get(probed) == "half_open":  # one probe call, then wait for it
+                views = {k: v for k, v in views.items() if worker_of.get(k) != probed}
+            box.runs.append((done.replica.worker_id, done.message))
+            box.touched_calls.append(call.id)
 
     def _scale(self, session: Session, fn: ActiveVersion, now: float, box: Outbox) -> None:
         scaling = fn.spec.scaling
-        mine = [r for r in replicas.live(session, fn.name) if r.version == fn.version]
+        # Replicas on a worker whose breaker is open serve nothing: they do not count.
+        open_workers = set(self._breakers(session, now))  # open or half-open (probing)
+        mine = [
+            r
+            for r in replicas.live(session, fn.name)
+            if r.version == fn.version and r.worker_id not in open_workers
+        ]
         state = ScaleState(
             min_replicas=scaling.min_replicas,
             max_replicas=scaling.max_replicas,
             idle_timeout_s=scaling.idle_timeout_s,
-            target_concurrency=scaling.target_concurrency,
-            in_flight=_count(session, fn.name, IN_FLIGHT_CALL_STATES),
-            queued=_count(session, fn.name, ("queued",)),
+            target_concurrency=fn.spec.replica_capacity,
+            in_flight=_count(session, fn.name, IN_FLIGHT_CALL_STATES, fn.version),
+            queued=_count(session, fn.name, ("queued",), fn.version),
             current_replicas=len(mine),
             last_call_at=_last_call_at(session, fn.name),
         )
-        target = desired_replicas(state, now)
+        # A canary scales on its own calls alone, with its own history.
+        windows = scale_history.windows(self.s.settings)
+        target = scale_history.target(session, fn.name, fn.version, state, windows, now)
         for _ in range(target - len(mine)):
             if not self._start(session, fn, now, box):
                 break
@@ -166,7 +191,10 @@ class Reconciler:
         t0 = time.perf_counter()
         request = ReplicaRequest(fn.name, fn.spec.device, fn.model_digest, _model_bytes(self.s, fn))
         try:
-            placement = place(request, workers.snapshots(session))
+            snapshots = worker_health.without_open(
+                workers.snapshots(session), self._breakers(session, now)
+            )
+            placement = place(request, snapshots)
         except NoCapacityError as exc:
             # Every tick retries; say it once per function until the reason changes.
             if self.s.placement_errors.get(fn.name) != str(exc):
@@ -184,8 +212,14 @@ class Reconciler:
         )
         requested_at = _oldest_queued_at(session, fn.name)
         start = replicas.create(session, now, fn, placement, schedule_ms, requested_at)
+        start.traceparent = _start_traceparent(session, fn.name)
         box.starts.append((placement.worker_id, start))
         return True
+
+    def _breakers(self, session: Session, now: float) -> dict[str, worker_health.BreakerState]:
+        s = self.s.settings
+        threshold, interval_s = s.worker_failure_threshold, s.worker_probe_interval_s
+        return worker_health.states(session, now, threshold, interval_s)
 
     def _drain_if_idle(self, session: Session, r: Replica, reason: str, box: Outbox) -> None:
         if replicas.outstanding(session, [r.id]).get(r.id, 0):
@@ -199,9 +233,7 @@ class Reconciler:
             select(Call.id).where(Call.status.in_(NON_FINAL_CALL_STATES), Call.deadline_at <= now)
         ).all()
         for call_id in late:
-            calls.finalize(
-                session, self.s.metrics, now, call_id, "timeout", error="the call's deadline passed"
-            )
+            calls.end_at_deadline(session, self.s.metrics, now, call_id)
         return list(late)
 
     def _give_up_slow_starts(self, session: Session, now: float, box: Outbox) -> list[str]:
@@ -262,11 +294,7 @@ class Reconciler:
 
     def _requeue(self, call_id: str) -> None:
         with self.s.db.session() as session:
-            session.execute(
-                update(Call)
-                .where(Call.id == call_id, Call.status == "dispatched")
-                .values(status="queued", replica_id=None)
-            )
+            dispatching.requeue(session, call_id)
 
 
 def _serialize_across_processes(session: Session) -> None:
@@ -305,25 +333,43 @@ def _try(send: Callable[[str, Any], None], worker_id: str, msg: Any) -> bool:
         return False
 
 
-def _run_message(call: Call, replica: Replica, fn: ActiveVersion) -> RunCall:
-    return RunCall(
-        call_id=call.id,
-        attempt=call.attempt,
-        replica_id=replica.id,
-        function=fn.name,
-        input=json.loads(call.input_json),
-        adapter=call.adapter,
-        stream=call.stream,
-        timeout_s=max(0.001, call.deadline_at - call.accepted_at),
-        accepted_at=call.accepted_at,
-    )
+def _probe_first(
+    views: dict[str, ReplicaView],
+    worker_of: dict[str, str],
+    breakers: dict[str, worker_health.BreakerState],
+) -> list[ReplicaView]:
+    """The replicas of half-open workers if there are any (their probe call goes
+    first: a least-loaded choice would never pick them), else all of them."""
+    probing = [v for v in views.values() if breakers.get(worker_of.get(v.id, "")) == "half_open"]
+    return probing or list(views.values())
 
 
-def _count(session: Session, function: str, states: tuple[str, ...]) -> int:
+def _workers_of(session: Session, function: str) -> dict[str, str]:
+    """Replica id -> worker id for the function's replicas."""
+    rows = session.execute(
+        select(Replica.id, Replica.worker_id).where(Replica.function == function)
+    ).all()
+    return {str(r): str(w) for r, w in rows}
+
+
+def _count(session: Session, function: str, states: tuple[str, ...], version: int) -> int:
     n = session.scalar(
-        select(func.count(Call.id)).where(Call.function == function, Call.status.in_(states))
+        select(func.count(Call.id)).where(
+            Call.function == function, Call.version == version, Call.status.in_(states)
+        )
     )
     return int(n or 0)
+
+
+def _start_traceparent(session: Session, function: str) -> str | None:
+    """The trace of the longest-waiting queued call: a start is for it (tracing)."""
+    call_id = session.scalar(
+        select(Call.id)
+        .where(Call.function == function, Call.status == "queued")
+        .order_by(Call.accepted_at)
+        .limit(1)
+    )
+    return call_traceparent(call_id) if call_id is not None else None
 
 
 def _oldest_queued_at(session: Session, function: str) -> float | None:
@@ -335,11 +381,9 @@ def _oldest_queued_at(session: Session, function: str) -> float | None:
 
 
 def _last_call_at(session: Session, function: str) -> float | None:
-    accepted, finished = session.execute(
-        select(func.max(Call.accepted_at), func.max(Call.finished_at)).where(
-            Call.function == function
-        )
-    ).one()
+    # Two queries, not one with two maxima: each reads one end of its index.
+    accepted = session.scalar(select(func.max(Call.accepted_at)).where(Call.function == function))
+    finished = session.scalar(select(func.max(Call.finished_at)).where(Call.function == function))
     # A replica becoming ready counts as activity too, so a warm-up
     # (services.scaling.warm) lives idle_timeout_s before it is scaled away.
     ready = session.scalar(select(func.max(Replica.ready_at)).where(Replica.function == function))

@@ -21,6 +21,7 @@ from control_plane.errors import NotFoundError
 from control_plane.metrics import Metrics
 from control_plane.protocol import AdapterSpec, ContainerOptions, ReplicaEvent, StartReplica
 from control_plane.services import calls, coldstart
+from control_plane.services.calls import requeue_or_fail
 from control_plane.services.functions import ActiveVersion
 from control_plane.services.router import ReplicaView
 from control_plane.services.scheduler import Placement
@@ -29,7 +30,6 @@ from control_plane.services.states import (
     IN_FLIGHT_CALL_STATES,
     LIVE_REPLICA_STATES,
 )
-from control_plane.services.workers import requeue_or_fail
 
 # Which event states may follow which stored states.
 _ALLOWED_FROM = {
@@ -82,6 +82,8 @@ def create(
         timeout_s=fn.spec.timeout_s,
         env=dict(fn.spec.env),
         container=_container(fn),
+        max_batch_size=fn.spec.batching.max_batch_size if fn.spec.batching else None,
+        max_wait_ms=fn.spec.batching.max_wait_ms if fn.spec.batching else 0.0,
     )
 
 

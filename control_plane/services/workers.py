@@ -9,6 +9,7 @@ autoscaler on the next reconcile.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,8 @@ from control_plane.services.states import IN_FLIGHT_CALL_STATES, LIVE_REPLICA_ST
 
 if TYPE_CHECKING:
     from prometheus_client import Gauge
+
+log = logging.getLogger(__name__)
 
 MAX_REPLICAS_PER_WORKER = 16
 _STOPPABLE = (*LIVE_REPLICA_STATES, "draining")
@@ -59,6 +62,7 @@ def register(
     row.pool_size = msg.pool_size
     row.cached_manifests_json = json.dumps(msg.cached_manifests)
     row.cache_bytes = msg.cache_bytes
+    row.data_addr, row.data_token = msg.data_addr, msg.data_token
     row.healthy, row.lost, row.last_heartbeat_at = True, False, now
     session.flush()
     return row, touched
@@ -71,6 +75,8 @@ def heartbeat(session: Session, now: float, worker_id: str, msg: WorkerHeartbeat
         raise NotFoundError(f"worker {worker_id} is not registered; it must register first")
     row.cached_manifests_json = json.dumps(msg.cached_manifests)
     row.cache_bytes, row.free_memory_bytes = msg.cache_bytes, msg.free_memory_bytes
+    if row.healthy and not msg.healthy:
+        log.warning("worker %s is unhealthy: %s", worker_id, msg.unhealthy_reason or "(no reason)")
     row.pool_size, row.healthy, row.last_heartbeat_at = msg.pool_size, msg.healthy, now
     row.inventory_json = inventory.encode(msg)
     row.lost = False
@@ -105,21 +111,6 @@ def _stop_replicas_of(session: Session, worker_id: str, now: float, reason: str)
     )
 
 
-def requeue_or_fail(
-    session: Session, metrics: Metrics | None, now: float, call: Call, reason: str
-) -> None:
-    """A call whose replica vanished: run it again if retries remain, else fail it."""
-    if call.attempt <= call.retries:
-        session.execute(
-            update(Call)
-            .where(Call.id == call.id, Call.status.in_(IN_FLIGHT_CALL_STATES))
-            .values(status="queued", attempt=call.attempt + 1, replica_id=None)
-            .execution_options(synchronize_session=False)
-        )
-    else:
-        calls.finalize(session, metrics, now, call.id, "failed", error=reason)
-
-
 def mark_lost(
     session: Session, metrics: Metrics | None, now: float, lost_after_s: float
 ) -> LostWork:
@@ -149,7 +140,7 @@ def _abandon(
         select(Call).where(Call.replica_id.in_(replica_ids), Call.status.in_(_IN_FLIGHT))
     ).all()
     for c in stranded:
-        requeue_or_fail(session, metrics, now, c, reason)
+        calls.requeue_or_fail(session, metrics, now, c, reason)
     _stop_replicas_of(session, worker_id, now, reason)
     return [c.id for c in stranded]
 
@@ -161,6 +152,7 @@ def refresh_pool_gauges(session: Session, m: Metrics) -> None:
     gone are removed, so a concurrent scrape never sees a live worker missing.
     """
     live: dict[str, set[str]] = {"size": set(), "idle": set(), "busy": set()}
+    gpus: set[tuple[str, ...]] = set()
     for w in session.scalars(select(Worker).where(Worker.lost.is_(False))):
         m.worker_pool_size.labels(w.id).set(w.pool_size)
         live["size"].add(w.id)
@@ -171,10 +163,15 @@ def refresh_pool_gauges(session: Session, m: Metrics) -> None:
         if inv.pool_busy is not None:
             m.worker_pool_busy.labels(w.id).set(inv.pool_busy)
             live["busy"].add(w.id)
+        for device, pct in enumerate(inv.gpu_utilization_pct or ()):
+            m.worker_gpu_utilization.labels(w.id, str(device)).set(pct / 100)
+            gpus.add((w.id, str(device)))
     gauges = {"size": m.worker_pool_size, "idle": m.worker_pool_idle, "busy": m.worker_pool_busy}
     for kind, gauge in gauges.items():
         for labels in _label_sets(gauge) - {(w,) for w in live[kind]}:
             gauge.remove(*labels)
+    for labels in _label_sets(m.worker_gpu_utilization) - gpus:
+        m.worker_gpu_utilization.remove(*labels)
 
 
 def _label_sets(gauge: Gauge) -> set[tuple[str, ...]]:

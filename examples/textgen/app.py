@@ -15,16 +15,22 @@ other caller gets ``{"text": "<all of it>", "tokens": N}``. Pass
 adapter (both are preloaded; switching is per call). Any other adapter
 pushed with ``thaw models push`` can be named by ``NAME:TAG``: the worker
 loads it on first use (``load_adapter``) and keeps the most recently used.
+
+With ``[batching]`` in thaw.toml (``max_batch_size``, ``max_wait_ms``) the
+replica calls ``batch`` with several requests at once instead (``batch_gen``):
+the same answers, one forward pass per token for the whole batch.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+from batch_gen import generate_batch
 
 MAX_TOKENS_LIMIT = 256
 
@@ -59,21 +65,38 @@ class TextGen:
             self.adapters = [a for a in self.adapters if a != name]
 
     def __call__(self, input: Any, call: Any) -> Any:
-        params = _params(input)
-        if call.adapter is not None and call.adapter not in self.adapters:
-            raise ValueError(
-                f"unknown adapter {call.adapter!r}; this function has {self.adapters or 'none'}"
-            )
-        pieces = self._generate(params, call.adapter)
+        params = self._check(input, call)
+        pieces = self._generate(params, call.adapter, call.timings_ms)
         if call.stream:
             return ({"text": piece} for piece in pieces)
         text = list(pieces)
         return {"text": "".join(text), "tokens": len(text)}
 
-    def _generate(self, params: dict[str, Any], adapter: str | None) -> Iterator[str]:
+    def batch(self, inputs: list[Any], calls: list[Any]) -> Any:
+        """Used instead of ``__call__`` when thaw.toml has ``[batching]``: one forward
+        pass per token for every prompt of the batch (left-padded, one KV cache)."""
+        rows: list[dict[str, Any] | Exception] = []
+        for input, call in zip(inputs, calls, strict=True):
+            try:
+                rows.append(self._check(input, call))
+            except ValueError as exc:
+                rows.append(exc)  # fails that call only
+        return generate_batch(self, rows, calls[0].adapter)
+
+    def _check(self, input: Any, call: Any) -> dict[str, Any]:
+        params = _params(input)
+        if call.adapter is not None and call.adapter not in self.adapters:
+            raise ValueError(
+                f"unknown adapter {call.adapter!r}; this function has {self.adapters or 'none'}"
+            )
+        return params
+
+    def _generate(
+        self, params: dict[str, Any], adapter: str | None, timings_ms: dict[str, float]
+    ) -> Iterator[str]:
         ids = self.tokenizer(params["prompt"], return_tensors="pt").input_ids.to(self.device)
         generator = torch.Generator(device="cpu").manual_seed(params["seed"])
-        with self.lock, torch.inference_mode(), self._adapter(adapter):
+        with self.lock, torch.inference_mode(), self._adapter(adapter, timings_ms):
             past, step_ids, produced, text = None, ids, [], ""
             for _ in range(params["max_tokens"]):
                 out = self.model(input_ids=step_ids, past_key_values=past, use_cache=True)
@@ -89,12 +112,19 @@ class TextGen:
                     yield piece
                 step_ids = torch.tensor([[next_id]], device=self.device)
 
-    def _adapter(self, name: str | None) -> contextlib.AbstractContextManager[Any]:
+    def _adapter(
+        self, name: str | None, timings_ms: dict[str, float] | None = None
+    ) -> contextlib.AbstractContextManager[Any]:
+        """The call's adapter active (none: the base model). With ``timings_ms``, the
+        switch is reported as the call's ``adapter_switch`` phase."""
         if not self.adapters:
             return contextlib.nullcontext()
         if name is None:
             return self.model.disable_adapter()
+        started = time.perf_counter()
         self.model.set_adapter(name)
+        if timings_ms is not None:
+            timings_ms["adapter_switch"] = (time.perf_counter() - started) * 1000
         return contextlib.nullcontext()
 
 

@@ -67,6 +67,11 @@ def test_switch_overhead_pairs_each_switch_with_the_next_same_adapter_call() -> 
         same=[Sample(0.10, False, {"execution": 10.0})],
     )
     assert by_execution.overhead_s() == pytest.approx([0.002])
+    measured = SwitchSamples(  # the function reports its set_adapter: that is the switch
+        switch=[Sample(0.30, False, {"execution": 12.0, "adapter_switch": 0.4})],
+        same=[Sample(0.10, False, {"execution": 10.0})],
+    )
+    assert measured.overhead_s() == pytest.approx([0.0004])
 
 
 def test_ratios_compare_medians_and_the_adapter_p99_with_their_targets() -> None:

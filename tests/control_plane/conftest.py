@@ -136,6 +136,9 @@ def make_settings(tmp_path: Path, db_url: str, store: Path, **kw: Any) -> Settin
         reconcile_interval_s=0.05,
         result_poll_interval_s=0.05,
         heartbeat_interval_s=0.2,
+        # Lost after 2 s of silence: the fake worker's heartbeat thread shares a GIL
+        # with two served apps and the test's clients, and may stall past 0.6 s.
+        worker_lost_after_heartbeats=10,
         deploy_validate_timeout_s=60,
     )
     base.update(kw)

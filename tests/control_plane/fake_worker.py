@@ -11,7 +11,8 @@ does is read from its input (a dict):
     anything else             succeeded with {"echo": input, "adapter": adapter}
 
 A call with an adapter reports ``adapter_hit`` (a miss the first time a
-replica sees that adapter, with an ``adapter_load`` timing). With
+replica sees that adapter, with an ``adapter_load`` timing) and
+``loaded_adapters`` (the listed ones and every one its calls named). With
 ``phases_ms`` a replica start sleeps each phase's duration and reports what
 each really took (at least the planned time). ``holdings``, ``bandwidths``
 and ``pool_idle``/``pool_busy`` go into every heartbeat.
@@ -63,13 +64,16 @@ class FakeWorker:
         bandwidths: TierBandwidths | None = None,
         phases_ms: dict[str, float] | None = None,
         pool: tuple[int, int, int] | None = None,
+        gpu_utilization_pct: list[float] | None = None,
     ) -> None:
         self.id = worker_id or uuid.uuid4().hex
         self.holdings = holdings or []
         self.bandwidths = bandwidths or TierBandwidths()
         self.phases_ms = phases_ms
         self.pool = pool  # (size, idle, busy)
+        self.gpu_utilization_pct = gpu_utilization_pct
         self.adapters_seen: dict[str, set[str]] = {}
+        self.adapters_listed: dict[str, set[str]] = {}
         self.http = httpx.Client(
             base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=30
         )
@@ -143,6 +147,7 @@ class FakeWorker:
     def _start_replica(self, msg: StartReplica) -> None:
         received = time.perf_counter()
         self.replicas[msg.replica_id] = "starting"
+        self.adapters_listed[msg.replica_id] = {a.name for a in msg.adapters}
         self._replica_event(msg.replica_id, ReplicaEvent(state="starting"))
         if self._stop.wait(self.start_delay_s):
             return
@@ -196,14 +201,22 @@ class FakeWorker:
             for i in range(int(data.get("chunks", 1))):
                 self._call_event(msg, kind="output", output={"i": i})
         out = {"echo": msg.input, "adapter": msg.adapter}
-        timings, hit = {"execution": 1.0}, None
+        timings, hit, loaded = {"execution": 1.0}, None, None
         if msg.adapter is not None:
             seen = self.adapters_seen.setdefault(msg.replica_id, set())
             hit = msg.adapter in seen
             seen.add(msg.adapter)
+            loaded = sorted(seen | self.adapters_listed.get(msg.replica_id, set()))
             if not hit:
                 timings["adapter_load"] = 5.0
-        self._call_event(msg, kind="succeeded", output=out, timings_ms=timings, adapter_hit=hit)
+        self._call_event(
+            msg,
+            kind="succeeded",
+            output=out,
+            timings_ms=timings,
+            adapter_hit=hit,
+            loaded_adapters=loaded,
+        )
 
     # --- heartbeats -------------------------------------------------------------
     def _heartbeat(self) -> None:
@@ -224,6 +237,7 @@ class FakeWorker:
                 pool_size=size,
                 pool_idle=idle,
                 pool_busy=busy,
+                gpu_utilization_pct=self.gpu_utilization_pct,
             )
             try:
                 r = self.http.post(

@@ -98,7 +98,7 @@ def test_stats_percentiles_match_the_recorded_calls(cp: ControlPlane) -> None:
 
 
 def test_metrics_export_phases_timings_adapters_and_pool(cp: ControlPlane) -> None:
-    worker = cp.worker(pool=(3, 2, 1))
+    worker = cp.worker(pool=(3, 2, 1), gpu_utilization_pct=[37.5, 0.0])
     cp.deploy("echo", adapters=[{"name": "fr", "ref": cp.store.adapter_refs[0]}])
     with cp.client() as c:
         for _ in range(3):
@@ -110,6 +110,9 @@ def test_metrics_export_phases_timings_adapters_and_pool(cp: ControlPlane) -> No
         text = c.get("/metrics").text
     assert f'thaw_worker_pool_size{{worker="{worker.id}"}} 3.0' in text
     assert f'thaw_worker_pool_busy{{worker="{worker.id}"}} 1.0' in text
+    gpu = "thaw_worker_gpu_utilization_ratio"
+    assert f'{gpu}{{device="0",worker="{worker.id}"}} 0.375' in text
+    assert f'{gpu}{{device="1",worker="{worker.id}"}} 0.0' in text
     assert 'thaw_adapter_hits_total{function="echo"} 2.0' in text
     assert 'thaw_adapter_misses_total{function="echo"} 1.0' in text
     for phase in ("schedule", "pool_acquire", "first_output"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
@@ -106,6 +107,25 @@ def test_idempotency_key_returns_same_call_never_runs_twice(cp: ControlPlane) ->
             assert r.json()["call_id"] != a.json()["call_id"]
 
 
+def test_concurrent_requests_with_one_idempotency_key_make_one_call(cp: ControlPlane) -> None:
+    worker = cp.worker()
+    cp.deploy("echo")
+    headers = {"Idempotency-Key": "order-18", "Prefer": "respond-async"}
+
+    def send(_: int) -> str:
+        with cp.client() as c:
+            r = c.post("/v1/functions/echo/invoke", json={"input": 7}, headers=headers)
+            assert r.status_code == 202, r.text
+            return str(r.json()["call_id"])
+
+    with ThreadPoolExecutor(8) as pool:
+        ids = set(pool.map(send, range(8)))
+    assert len(ids) == 1
+    with cp.client() as c:
+        _wait_status(c, next(iter(ids)), {"succeeded"})
+    assert [p["call_id"] for t, p in worker.received if t == "thaw.run_call"] == list(ids)
+
+
 def test_stream_sse_outputs_then_done(cp: ControlPlane) -> None:
     cp.worker()
     cp.deploy("echo")
@@ -141,7 +161,8 @@ def test_deadline_while_replica_starts_is_504_with_phases(cp: ControlPlane) -> N
         body = r.json()
         assert "schedule" in body["phases_ms"]
         assert "schedule;dur=" in r.headers["Server-Timing"]
-        assert c.get(f"/v1/calls/{body['call_id']}").json()["status"] == "timeout"
+        # It never left the queue: expired, not timeout.
+        assert c.get(f"/v1/calls/{body['call_id']}").json()["status"] == "expired"
 
 
 def test_failed_call_is_500_with_error(cp: ControlPlane) -> None:

@@ -150,3 +150,34 @@ def test_replica_that_never_gets_ready_fails_the_waiting_call(
         assert r.status_code == 500
         assert "did not become ready within 0.5 s" in r.json()["error"]
     _wait(lambda: any(t == "thaw.stop_replica" for t, _ in worker.received))
+
+
+def test_a_retried_output_post_is_stored_once_in_the_workers_order(cp: ControlPlane) -> None:
+    cp.worker()
+    cp.deploy("echo")
+    worker_key = cp.key("worker")
+    with cp.client() as c, cp.client(worker_key) as w:
+        call_id = _async(c, "echo", {"sleep_s": 3})
+        _wait(lambda: _call(c, call_id)["status"] == "running")
+        post = f"/v1/calls/{call_id}/events"
+        # Chunk 2 arrives before chunk 1, and chunk 1 twice (a retried post).
+        for seq, out in ((2, "b"), (1, "a"), (1, "a")):
+            r = w.post(post, json={"kind": "output", "output": out, "seq": seq})
+            assert r.status_code == 200, r.text
+        db = Database(cp.settings.database_url_resolved())
+        with db.session() as s:
+            assert calls.outputs_after(s, call_id, 1, 0) == [(1, "a"), (2, "b")]
+        db.dispose()
+
+
+def test_a_call_that_found_its_replica_gone_runs_again(cp: ControlPlane) -> None:
+    cp.worker()
+    cp.deploy("echo", retries=1)
+    with cp.client() as c, cp.client(cp.key("worker")) as w:
+        call_id = _async(c, "echo", {"sleep_s": 3})
+        _wait(lambda: _call(c, call_id)["status"] == "running")
+        # What a worker says when the call arrives after its replica died: not run.
+        gone = {"kind": "failed", "error": "replica r is not running", "not_run": True}
+        assert w.post(f"/v1/calls/{call_id}/events", json=gone).status_code == 200
+        _wait(lambda: _call(c, call_id)["status"] == "succeeded", timeout_s=30)
+        assert _call(c, call_id)["attempt"] == 2

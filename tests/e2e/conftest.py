@@ -4,7 +4,6 @@ real installations on each database + broker combination."""
 from __future__ import annotations
 
 import random
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from snapshotter.push import push_directory
 from snapshotter.registry import Registry
 from snapshotter.stores import LocalStore
 from tests.control_plane.databases import fresh_pg_database, pg_available
-from tests.e2e.stack import Backend, Stack
+from tests.e2e.stack import Backend, Stack, reachable
 
 FUNCTIONS = Path(__file__).parent / "functions"
 REDIS = ("127.0.0.1", 6379)
@@ -42,14 +41,6 @@ def e2e_store(
     push_directory(adapter_dirs[0], "lora0:v1", registry)
     bundle = push_directory(FUNCTIONS, "bundles/e2e:v1", registry, kind=ArtifactKind.BUNDLE)
     return E2EStore(root=root, bundle=bundle.digest)
-
-
-def reachable(addr: tuple[str, int]) -> bool:
-    try:
-        with socket.create_connection(addr, timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 @contextmanager

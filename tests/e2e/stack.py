@@ -37,6 +37,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def reachable(addr: tuple[str, int]) -> bool:
+    """Whether something accepts TCP connections at ``addr`` (a server the setup needs)."""
+    try:
+        with socket.create_connection(addr, timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 def wait_for(probe: Callable[[], Any], what: str, timeout_s: float = START_TIMEOUT_S) -> Any:
     """Poll ``probe`` until it returns something truthy; fail with ``what`` on timeout."""
     deadline = time.monotonic() + timeout_s

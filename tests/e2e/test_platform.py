@@ -91,6 +91,17 @@ def check_cold_then_warm(stack: Stack, store: E2EStore) -> None:
     assert warm.json()["output"]["pid"] == out["pid"]  # the same replica process
     timings = warm.json()["timings_ms"]
     assert timings["queue_wait"] >= 0 and timings["total"] >= timings["execution"] > 0
+    # The warm call found a ready replica with room: it ran over the worker's direct
+    # port, not through the broker (services.direct_calls).
+    assert direct_calls(stack, "probe", "ran") >= 1, stack.logs()
+
+
+def direct_calls(stack: Stack, function: str, outcome: str) -> float:
+    with stack.client() as c:
+        text = c.get("/metrics").text
+    prefix = f'thaw_direct_calls_total{{function="{function}",outcome="{outcome}"}} '
+    values = [float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix)]
+    return values[0] if values else 0.0
 
 
 def check_stream(stack: Stack, store: E2EStore) -> None:

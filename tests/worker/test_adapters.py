@@ -166,6 +166,9 @@ def test_per_call_adapters_match_peft_and_unlisted_ones_load_on_first_use(
     assert first.adapter_hit is True and first.timings_ms["adapter_load"] == 0.0
     assert first.output["loaded"] == ["a0"]  # preloaded before ready
     assert miss.adapter_hit is False and miss.timings_ms["adapter_load"] > 0.0
+    # What the replica reports holding after each call (the router's view).
+    assert miss.loaded_adapters == (["a0", "ad1:v1"] if cache_size else ["a0"])
+    assert base.loaded_adapters is None  # a call without an adapter changes nothing
     assert again.adapter_hit is (cache_size > 0)
     assert again.output["loaded"] == ["a0", "ad1:v1"]  # during the call it is loaded
     assert base.adapter_hit is None and "adapter_load" not in base.timings_ms
@@ -218,6 +221,7 @@ def test_the_call_event_says_whether_the_adapter_was_loaded_and_how_long_it_took
     [hit] = [e for e in recorder.events("/v1/calls/c2/") if e["kind"] == "succeeded"]
     assert miss["adapter_hit"] is False and miss["timings_ms"]["adapter_load"] > 0.0
     assert hit["adapter_hit"] is True and hit["timings_ms"]["adapter_load"] == 0.0
+    assert miss["loaded_adapters"] == hit["loaded_adapters"] == ["ad1:v1"]
 
 
 class LoraRuntime(ProcessRuntime):

@@ -83,9 +83,26 @@ def test_streamed_call_posts_started_outputs_succeeded(
     events = recorder.events("/v1/calls/c1/")
     assert [e["kind"] for e in events] == ["started", "output", "output", "succeeded"]
     assert [e["output"] for e in events[1:3]] == [{"i": 0}, {"i": 1}]
+    assert [e["seq"] for e in events[1:3]] == [1, 2]  # a retried post is stored once
     timings = events[-1]["timings_ms"]
     assert timings["queue_wait"] >= 50 and timings["total"] >= timings["execution"]
     assert timings["queue_wait"] <= timings["first_output"] <= timings["total"]
+
+
+def test_a_functions_own_timings_join_the_calls_even_when_it_fails(
+    setup: tuple[ReplicaManager, Recorder],
+) -> None:
+    manager, recorder = setup
+    start(manager, "basic:Timed")
+    manager.run_call(call("ok", {}))
+    manager.run_call(call("bad", {"raise": True}))
+    for call_id, kind in (("ok", "succeeded"), ("bad", "failed")):
+        final = recorder.events(f"/v1/calls/{call_id}/")[-1]
+        assert final["kind"] == kind
+        timings = final["timings_ms"]
+        assert timings["tokenize"] == 1.5
+        assert timings["execution"] < 99999.0  # thaw's own name is not the function's
+        assert "Bad-Name" not in timings and "detok" not in timings
 
 
 def test_duplicate_delivery_is_run_once(setup: tuple[ReplicaManager, Recorder]) -> None:

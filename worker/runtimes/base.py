@@ -58,6 +58,9 @@ class CallUpdate:
     error: str | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
     adapter_hit: bool | None = None  # whether the call's adapter was loaded already
+    loaded_adapters: list[str] | None = None  # what the replica holds after the call
+    batch_size: int | None = None  # batched functions: calls in this call's batch
+    batch_index: int | None = None  # and its place in the batch
 
     @property
     def final(self) -> bool:

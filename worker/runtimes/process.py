@@ -152,8 +152,12 @@ class ProcessReplica(ReplicaHandle):
                     f"call {request.call_id} ran past its {request.timeout_s:g} s timeout; "
                     f"replica {self.replica_id} was killed"
                 )
-                self.kill(reason)
-                yield CallUpdate("timeout", error=reason)
+                # Killed once the timeout is reported: killed first, the replica's death
+                # could reach the control plane before it and end this call as failed.
+                try:
+                    yield CallUpdate("timeout", error=reason)
+                finally:
+                    self.kill(reason)
                 return
             update = _to_update(item, self._death_reason)
             yield update
@@ -233,10 +237,19 @@ def _to_update(item: object, death_reason: str) -> CallUpdate:
             output=item.output,
             timings_ms=item.timings_ms,
             adapter_hit=item.adapter_hit,
+            loaded_adapters=item.loaded_adapters,
+            batch_size=item.batch_size,
+            batch_index=item.batch_index,
         )
     if isinstance(item, CallError):
         return CallUpdate(
-            "failed", error=item.error, timings_ms=item.timings_ms, adapter_hit=item.adapter_hit
+            "failed",
+            error=item.error,
+            timings_ms=item.timings_ms,
+            adapter_hit=item.adapter_hit,
+            loaded_adapters=item.loaded_adapters,
+            batch_size=item.batch_size,
+            batch_index=item.batch_index,
         )
     return CallUpdate("failed", error=f"the replica died during the call: {death_reason}")
 

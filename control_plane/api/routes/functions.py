@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from control_plane.api.deps import InvocationsDep, PrincipalDep, ServicesDep
 from control_plane.api.schemas import FunctionPublic, RollbackBody
-from control_plane.services import functions
+from control_plane.services import functions, secrets
 from control_plane.spec import FunctionSpec
 
 router = APIRouter(prefix="/v1/functions", tags=["functions"])
@@ -14,13 +14,21 @@ router = APIRouter(prefix="/v1/functions", tags=["functions"])
 
 @router.post("", status_code=201)
 def deploy(
-    spec: FunctionSpec, who: PrincipalDep, services: ServicesDep, inv: InvocationsDep
+    spec: FunctionSpec,
+    who: PrincipalDep,
+    services: ServicesDep,
+    inv: InvocationsDep,
+    canary_pct: float | None = Query(
+        default=None, gt=0, lt=100, description="deploy as a canary taking this % of calls"
+    ),
 ) -> FunctionPublic:
-    """Check the spec (model, adapters, bundle import) and make it the active version."""
+    """Check the spec (model, adapters, bundle import) and make it the active version,
+    or, with ``canary_pct``, the canary beside it (``/v1/functions/{name}/canary``)."""
     who.require("deploy", spec.name)
     with services.db.session() as s:
+        secrets.require_set(s, spec.secrets, spec.name)
         info = functions.deploy(
-            s, services.registry, services.validate_bundle, spec, services.clock()
+            s, services.registry, services.validate_bundle, spec, services.clock(), canary_pct
         )
     inv.reconciler.kick(spec.name)
     return FunctionPublic.of(info)
@@ -47,7 +55,7 @@ def delete_function(
 ) -> None:
     who.require("deploy", name)
     with services.db.session() as s:
-        cancelled = functions.delete(s, name, services.clock())
+        cancelled = functions.delete(s, services.registry, name, services.clock())
     for call_id in cancelled:
         services.notifier.notify(call_id)
 

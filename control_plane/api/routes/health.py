@@ -9,6 +9,7 @@ from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from control_plane.api.deps import PrincipalDep, ServicesDep
+from control_plane.services.function_gauges import refresh_function_gauges
 from control_plane.services.reconciler import refresh_gauges
 
 router = APIRouter(tags=["health"])
@@ -24,6 +25,7 @@ def metrics(who: PrincipalDep, services: ServicesDep) -> Response:
     who.require("admin")
     with services.db.session() as s:
         refresh_gauges(s, services.metrics)
+        refresh_function_gauges(s, services.metrics)
     return Response(services.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -1,8 +1,12 @@
 """Invoking a function: synchronous, asynchronous (``Prefer: respond-async``), or SSE.
 
     200  succeeded (sync)           500  the function failed
-    202  accepted (async)           504  deadline passed (phases so far in the body)
+    202  accepted (async)           504  deadline passed (phases so far in the body):
+                                         status timeout, or expired if it never left the queue
     409  cancelled, or an Idempotency-Key reused with another input
+
+A call with ``X-Thaw-Session`` goes to the replica that served that session
+last while it is ready and not overloaded (``services.router``).
 
 Every response carries ``X-Thaw-Call-Id``, ``X-Thaw-Cold`` and ``Server-Timing``.
 """
@@ -11,13 +15,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from control_plane.api.deps import InvocationsDep, PrincipalDep
+from control_plane.api.disconnect import until_disconnect
 from control_plane.api.schemas import CallAccepted, CallPublic, InvokeBody
 from control_plane.api.timing import headers_for
 from control_plane.services.activator import StreamItem, wait_dispatched
@@ -25,7 +30,13 @@ from control_plane.services.calls import CallRequest, CallView
 
 router = APIRouter(prefix="/v1/functions", tags=["invoke"])
 
-STATUS_BY_FINAL = {"succeeded": 200, "failed": 500, "timeout": 504, "cancelled": 409}
+STATUS_BY_FINAL = {
+    "succeeded": 200,
+    "failed": 500,
+    "timeout": 504,
+    "expired": 504,
+    "cancelled": 409,
+}
 
 
 def final_response(view: CallView, since: float) -> JSONResponse:
@@ -44,31 +55,51 @@ def invoke(
     body: InvokeBody,
     who: PrincipalDep,
     inv: InvocationsDep,
+    request: Request,
     prefer: Annotated[str | None, Header()] = None,
     accept: Annotated[str | None, Header()] = None,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
     x_thaw_deadline_ms: Annotated[float | None, Header(gt=0, le=86_400_000)] = None,
+    x_thaw_session: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> JSONResponse | StreamingResponse:
     since = time.perf_counter()
+    start_s = time.time()  # the trace's root span starts here
     stream = accept is not None and "text/event-stream" in accept
-    req = CallRequest(body.input, body.adapter, stream, idempotency_key, x_thaw_deadline_ms)
-    view, _ = inv.invoke(who, name, req)
-    if prefer is not None and "respond-async" in prefer:
+    req = CallRequest(
+        body.input, body.adapter, stream, idempotency_key, x_thaw_deadline_ms, x_thaw_session
+    )
+    respond_async = prefer is not None and "respond-async" in prefer
+    # A synchronous caller waits anyway: a warm call may run on its own thread.
+    view, _ = inv.invoke(who, name, req, direct=not (respond_async or stream))
+    if respond_async:
         accepted = CallAccepted(call_id=view.id, status=view.status).model_dump()
         headers = {**headers_for(view, since), "Location": f"/v1/calls/{view.id}"}
+        inv.trace_invoke(view.id, name, start_s, 202, "async")
         return JSONResponse(accepted, 202, headers=headers)
     if stream:
         view = wait_dispatched(inv.activator, view.id)
         items = inv.activator.stream(view.id)
         return StreamingResponse(
-            _sse(items), media_type="text/event-stream", headers=headers_for(view, since)
+            until_disconnect(
+                request,
+                _sse(items, lambda: inv.trace_invoke(view.id, name, start_s, 200, "stream")),
+                lambda: inv.activator.client_gone(view.id),
+            ),
+            media_type="text/event-stream",
+            headers=headers_for(view, since),
         )
-    return final_response(inv.activator.wait_final(view.id), since)
+    response = final_response(inv.activator.wait_final(view.id), since)
+    inv.trace_invoke(view.id, name, start_s, response.status_code, "sync")
+    return response
 
 
-def _sse(items: Iterator[StreamItem]) -> Iterator[bytes]:
-    for item in items:
-        data = item.data
-        if item.kind != "output" and item.call is not None:
-            data = CallPublic.of(item.call).model_dump(mode="json")
-        yield f"event: {item.kind}\ndata: {json.dumps(data)}\n\n".encode()
+def _sse(items: Iterator[StreamItem], done: Callable[[], None]) -> Iterator[bytes]:
+    """The stream's events; ``done`` runs once it has ended (sent or abandoned)."""
+    try:
+        for item in items:
+            data = item.data
+            if item.kind != "output" and item.call is not None:
+                data = CallPublic.of(item.call).model_dump(mode="json")
+            yield f"event: {item.kind}\ndata: {json.dumps(data)}\n\n".encode()
+    finally:
+        done()

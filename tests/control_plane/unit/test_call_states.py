@@ -14,7 +14,7 @@ from sqlalchemy.pool import StaticPool
 from control_plane.db.models import Base, Call
 from control_plane.errors import ConflictError
 from control_plane.protocol import CallEvent, CallEventKind
-from control_plane.services import calls, workers
+from control_plane.services import calls
 from control_plane.services.states import FINAL_CALL_STATES
 
 
@@ -86,10 +86,20 @@ class CallLifecycle(RuleBasedStateMachine):
         self._end(calls.finalize(self.session, None, self.now, "c", status), status)
 
     @rule()
+    def deadline_passes(self) -> None:
+        before = self._row().status
+        self.now += 0.1
+        won = calls.end_at_deadline(self.session, None, self.now, "c")
+        status = self._row().status
+        self._end(won, status)
+        if won:  # expired only if it never left the queue
+            assert status == ("expired" if before == "queued" else "timeout")
+
+    @rule()
     def worker_lost(self) -> None:
         row = self._row()
         if row.status in ("dispatched", "running"):
-            workers.requeue_or_fail(self.session, None, self.now, row, "lost")
+            calls.requeue_or_fail(self.session, None, self.now, row, "lost")
             self.session.commit()
             if self._row().status == "failed":
                 self._end(True, "failed")

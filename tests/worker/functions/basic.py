@@ -51,3 +51,16 @@ class FailingSetup:
 
     def __call__(self, input: Any) -> Any:
         return input
+
+
+class Timed:
+    """Reports phases of its own through ``CallContext.timings_ms``: one well formed,
+    the others a reserved name, a bad name and a bad value (dropped by the replica)."""
+
+    def __call__(self, input: Any, call: Any) -> Any:
+        call.timings_ms.update(
+            {"tokenize": 1.5, "execution": 99999.0, "Bad-Name": 1.0, "detok": "fast"}
+        )
+        if input.get("raise"):
+            raise ValueError("failed after tokenizing")
+        return "ok"

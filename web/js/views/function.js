@@ -1,8 +1,10 @@
-// One function: stats, spec and versions (roll back), scaling (edit, warm up),
-// an invoke playground (streaming, adapters) and charts of its recent calls.
+// One function: stats, a canary beside the active version (compare, promote,
+// abort), spec and versions (roll back), scaling (edit, warm up), an invoke
+// playground (streaming, adapters) and charts of its recent calls.
 
 import { api, invokeOnce, invokeStream } from "../api.js";
 import { drawHistogram, drawWaterfall } from "../charts.js";
+import { canaryCard } from "./canary.js";
 import { field, formatMs, formatPercent, formatTime, h, replace } from "../dom.js";
 
 const RECENT_CALLS = 200;
@@ -212,9 +214,11 @@ export async function render(root, [name], ctx) {
   const [fn, stats] = await Promise.all([api.get(path), api.get(`${path}/stats`)]);
   if (ctx.stale()) return;
   const statsBox = h("div", {}, statsList(stats));
+  const canary = canaryCard(fn, ctx);
   const refresh = async () => {
     const [s, calls] = await Promise.all([api.get(`${path}/stats`), api.get(`${path}/calls?limit=${RECENT_CALLS}`)]);
     if (ctx.stale()) return;
+    if (canary) await canary.refresh();
     replace(statsBox, statsList(s));
     drawHistogram(document.getElementById("latency-chart"), calls);
     drawWaterfall(document.getElementById("waterfall-chart"), calls);
@@ -227,6 +231,7 @@ export async function render(root, [name], ctx) {
     root,
     h("h2", { tabindex: "-1" }, `Function ${fn.name}`, h("span", { class: "muted" }, ` v${fn.version ?? "–"}`)),
     h("div", { class: "row" }, statsBox, refreshButton),
+    canary,
     h("div", { class: "grid" }, playgroundCard(fn, ctx, refresh), scalingCard(fn, ctx, refresh)),
     h(
       "div",
