@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from control_plane.protocol import REPLICA_PHASES
 from control_plane.settings import Settings
 from control_plane.tail_sampling import SamplingPolicy, TailSamplingProcessor
 
@@ -118,6 +119,37 @@ def parse_traceparent(value: str | None) -> tuple[int, int] | None:
     except ValueError:
         return None
     return (trace_id, span_id) if trace_id and span_id else None
+
+
+def phase_spans(
+    phases_ms: Mapping[str, float], start_s: float, trace_id: int, parent_id: int, prefix: str
+) -> list[SpanRecord]:
+    """One span per replica start phase (``REPLICA_PHASES`` order), back to back from
+    ``start_s``, each named ``prefix`` + the phase."""
+    spans: list[SpanRecord] = []
+    t_s = start_s
+    for phase in REPLICA_PHASES:
+        if phase not in phases_ms:
+            continue
+        duration_s = max(0.0, phases_ms[phase]) / 1000
+        spans.append(
+            SpanRecord(
+                name=f"{prefix}{phase}",
+                trace_id=trace_id,
+                span_id=new_span_id(),
+                parent_span_id=parent_id,
+                start_s=t_s,
+                end_s=t_s + duration_s,
+                attributes={"thaw.phase": phase},
+            )
+        )
+        t_s += duration_s
+    return spans
+
+
+def phases_s(phases_ms: Mapping[str, float]) -> float:
+    """The replica start phases' total, in seconds."""
+    return sum(max(0.0, phases_ms[p]) for p in REPLICA_PHASES if p in phases_ms) / 1000
 
 
 # --- export ---------------------------------------------------------------------

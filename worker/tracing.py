@@ -13,7 +13,7 @@ start no call waits for) is not traced.
 
 from __future__ import annotations
 
-from control_plane.protocol import REPLICA_PHASES, CallEvent, RunCall, StartReplica
+from control_plane.protocol import CallEvent, RunCall, StartReplica
 from control_plane.tail_sampling import LATENCY_ATTRIBUTE
 from control_plane.tracing import (
     AttrValue,
@@ -21,6 +21,8 @@ from control_plane.tracing import (
     SpanRecord,
     new_span_id,
     parse_traceparent,
+    phase_spans,
+    phases_s,
 )
 
 ERROR_KINDS = frozenset({"failed", "timeout"})
@@ -79,32 +81,16 @@ def start_replica_spans(
         return []
     trace_id, parent_id = parent
     start_id = new_span_id()
-    ordered = [(p, max(0.0, phases_ms[p]) / 1000) for p in REPLICA_PHASES if p in phases_ms]
-    t_s = ready_s - sum(d for _, d in ordered)
-    spans = [
-        SpanRecord(
-            name="thaw.worker.start_replica",
-            trace_id=trace_id,
-            span_id=start_id,
-            parent_span_id=parent_id,
-            remote_parent=True,
-            start_s=t_s,
-            end_s=ready_s,
-            attributes={"thaw.replica_id": msg.replica_id, "thaw.function": msg.function},
-            kind=SpanKind.CONSUMER,
-        )
-    ]
-    for phase, duration_s in ordered:
-        spans.append(
-            SpanRecord(
-                name=f"thaw.worker.phase.{phase}",
-                trace_id=trace_id,
-                span_id=new_span_id(),
-                parent_span_id=start_id,
-                start_s=t_s,
-                end_s=t_s + duration_s,
-                attributes={"thaw.phase": phase},
-            )
-        )
-        t_s += duration_s
-    return spans
+    t_s = ready_s - phases_s(phases_ms)
+    whole = SpanRecord(
+        name="thaw.worker.start_replica",
+        trace_id=trace_id,
+        span_id=start_id,
+        parent_span_id=parent_id,
+        remote_parent=True,
+        start_s=t_s,
+        end_s=ready_s,
+        attributes={"thaw.replica_id": msg.replica_id, "thaw.function": msg.function},
+        kind=SpanKind.CONSUMER,
+    )
+    return [whole, *phase_spans(phases_ms, t_s, trace_id, start_id, "thaw.worker.phase.")]

@@ -8,7 +8,6 @@ phases and its first output as children. The tree is drawn in
 
 from __future__ import annotations
 
-from control_plane.protocol import REPLICA_PHASES
 from control_plane.services.calls import CallView
 from control_plane.tail_sampling import LATENCY_ATTRIBUTE
 from control_plane.tracing import (
@@ -17,6 +16,8 @@ from control_plane.tracing import (
     call_trace_id,
     derived_span_id,
     new_span_id,
+    phase_spans,
+    phases_s,
 )
 
 ERROR_STATES = frozenset({"failed", "timeout", "expired"})
@@ -95,31 +96,14 @@ def cold_start_spans(view: CallView, trace_id: int, parent_id: int) -> list[Span
     """The replica start this cold call waited for: its phases end to end from the
     call's acceptance (the first call a start is for is the one that asked for it)."""
     start_id = new_span_id()
-    spans: list[SpanRecord] = []
-    t_s = view.accepted_at
-    for phase in REPLICA_PHASES:
-        if phase not in view.phases_ms:
-            continue
-        duration_s = max(0.0, view.phases_ms[phase]) / 1000
-        spans.append(
-            SpanRecord(
-                name=f"thaw.phase.{phase}",
-                trace_id=trace_id,
-                span_id=new_span_id(),
-                parent_span_id=start_id,
-                start_s=t_s,
-                end_s=t_s + duration_s,
-                attributes={"thaw.phase": phase},
-            )
-        )
-        t_s += duration_s
+    spans = phase_spans(view.phases_ms, view.accepted_at, trace_id, start_id, "thaw.phase.")
     whole = SpanRecord(
         name="thaw.cold_start",
         trace_id=trace_id,
         span_id=start_id,
         parent_span_id=parent_id,
         start_s=view.accepted_at,
-        end_s=t_s,
+        end_s=view.accepted_at + phases_s(view.phases_ms),
         attributes={"thaw.replica_id": view.replica_id or ""},
     )
     return [whole, *spans]
