@@ -54,6 +54,7 @@
 | worker_data_advertise_host | THAW_WORKER_DATA_ADVERTISE_HOST | (the listening host; what the control plane dials) |
 | worker_pool_size           | THAW_WORKER_POOL_SIZE        | 1 (pre-warmed generic replica processes per device) |
 | worker_pool_preload        | THAW_WORKER_POOL_PRELOAD     | transformers,peft (imported by every generic replica process) |
+| worker_pool_zygote         | THAW_WORKER_POOL_ZYGOTE      | true (generic processes are forks of one that imported them) |
 | adapter_cache_size         | THAW_ADAPTER_CACHE_SIZE      | 8 (adapters a replica loads on first use and keeps, LRU) |
 | docker_url                 | THAW_DOCKER_URL              | unix:///var/run/docker.sock |
 | docker_warm_size           | THAW_DOCKER_WARM_SIZE        | 0 (warm containers per image) |
@@ -139,6 +140,7 @@ class Settings(BaseSettings):
     worker_data_advertise_host: str | None = None
     worker_pool_size: int = Field(default=1, ge=0)
     worker_pool_preload: str = "transformers,peft"
+    worker_pool_zygote: bool = True
     adapter_cache_size: int = Field(default=8, ge=0)
     docker_url: str = "unix:///var/run/docker.sock"
     docker_warm_size: int = Field(default=0, ge=0)

@@ -137,9 +137,9 @@ class Agent:
         )
         consumer = Consumer(self.config.broker, self.worker_id, handlers, self.config.concurrency)
         consumer.start()
-        if self.config.pool_size > 0:
-            device = default_device(self.devices)
-            threading.Thread(target=self._prewarm, args=(device,), daemon=True).start()
+        # The zygote and the pool's processes start in the background.
+        device = default_device(self.devices)
+        threading.Thread(target=self._prewarm, args=(device,), daemon=True).start()
         try:
             while not stop.wait(self.heartbeat_interval_s):
                 if not consumer.running:

@@ -103,7 +103,12 @@ def agent_config(settings: Settings) -> AgentConfig:
 def build_agent(settings: Settings) -> Agent:
     config = agent_config(settings)
     registry = Registry(open_store(settings.store_config()))
-    pool = ProcessPool(config.pool_size, store=config.store, preload=preload_modules(settings))
+    pool = ProcessPool(
+        config.pool_size,
+        store=config.store,
+        preload=preload_modules(settings),
+        zygote=settings.worker_pool_zygote,
+    )
     runtime = RoutedRuntime(ProcessRuntime(pool), lambda: _docker_runtime(settings, config))
     client = ControlPlaneClient(config.server_url, config.api_key)
     inventory = CacheInventory(settings.cache_config(), registry, ram_tier=_ram_tier(settings))

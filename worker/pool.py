@@ -13,6 +13,11 @@ background. With ``warm_size=0`` ``acquire`` spawns one on demand, so the
 cold start pays process start, imports and device init. A pooled process's
 generic phases were paid before the request, so the runtime reports them as
 zero for that cold start.
+
+With ``zygote`` (the default) a generic process is a fork of the worker's
+zygote (``worker.zygote``), which imported the libraries once: a refill or
+a pool miss costs a fork, not a fresh interpreter and its imports. Should
+the zygote fail, processes are spawned afresh until a new one starts.
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Protocol
 
 from worker.child_protocol import FROM_CHILD, Hello, Prepare, Prepared, SetupFailed, StoreSpec, dump
 from worker.frames import FrameError, FrameSocket
+from worker.zygote import Zygote, ZygoteError
 
 HELLO_TIMEOUT_S = 120.0
 _log = logging.getLogger(__name__)
@@ -37,9 +43,23 @@ class SpawnError(Exception):
     """A generic replica process did not come up."""
 
 
+class ProcessLike(Protocol):
+    """What the runtime needs of a ``Popen``: a spawned process, a forked one
+    (``worker.zygote.ForkedProcess``), a container (``ContainerWait``)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
 @dataclass
 class GenericProcess:
-    proc: subprocess.Popen[bytes]
+    proc: ProcessLike
     conn: FrameSocket
     device: str
     phases_ms: dict[str, float] = field(default_factory=dict)
@@ -84,6 +104,27 @@ def spawn_generic(
         )
     finally:
         theirs.close()
+    return _greeted(proc, ours, device, hello_timeout_s)
+
+
+def fork_generic(
+    zygote: Zygote, device: str, *, hello_timeout_s: float = HELLO_TIMEOUT_S
+) -> GenericProcess:
+    """Fork a generic process from ``zygote`` and wait for its hello."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        proc = zygote.spawn(theirs, device)
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return _greeted(proc, ours, device, hello_timeout_s)
+
+
+def _greeted(
+    proc: ProcessLike, ours: socket.socket, device: str, hello_timeout_s: float
+) -> GenericProcess:
     conn = FrameSocket(ours)
     try:
         hello = _await_hello(conn, hello_timeout_s)
@@ -135,6 +176,7 @@ class ProcessPool:
 
     ``store``: what pooled processes prepare their loader for (None: they
     do not). ``preload``: modules every generic process imports at start.
+    ``zygote``: fork generic processes from a zygote instead of spawning them.
     """
 
     def __init__(
@@ -144,11 +186,16 @@ class ProcessPool:
         log: IO[bytes] | None = None,
         store: StoreSpec | None = None,
         preload: tuple[str, ...] = (),
+        zygote: bool = False,
     ) -> None:
         self.warm_size = warm_size
         self.log = log
         self.store = store
         self.preload = preload
+        self.use_zygote = zygote
+        self._zygote: Zygote | None = None
+        self._zygote_failed = False  # it could not start: spawn afresh from now on
+        self._zygote_lock = threading.Lock()
         self._warm: dict[str, list[GenericProcess]] = {}
         self._handed_out: list[GenericProcess] = []
         self._starting = 0
@@ -207,7 +254,34 @@ class ProcessPool:
             return
 
     def _spawn(self, device: str) -> GenericProcess:
+        zygote = self._zygote_running() if self.use_zygote else None
+        if zygote is not None:
+            try:
+                return fork_generic(zygote, device)
+            except ZygoteError as exc:
+                _log.warning("spawning a replica process afresh: %s", exc)
         return spawn_generic(device, log=self.log, preload=self.preload)
+
+    def start_zygote(self) -> None:
+        """Start the zygote now (blocking), so the first spawn is a fork already."""
+        if self.use_zygote:
+            self._zygote_running()
+
+    def _zygote_running(self) -> Zygote | None:
+        """The zygote, started (again) if it is not running; None if it cannot start."""
+        with self._zygote_lock:
+            if self._closed or self._zygote_failed:
+                return None
+            if self._zygote is not None and self._zygote.alive:
+                return self._zygote
+            if self._zygote is not None:
+                self._zygote.close()
+            try:
+                self._zygote = Zygote(self.preload, log=self.log)
+            except ZygoteError as exc:
+                _log.warning("no zygote, replica processes are spawned afresh: %s", exc)
+                self._zygote, self._zygote_failed = None, True
+            return self._zygote
 
     def _spawn_prepared(self, device: str) -> GenericProcess:
         proc = self._spawn(device)
@@ -235,3 +309,7 @@ class ProcessPool:
             self._warm.clear()
         for proc in procs:
             proc.kill()
+        with self._zygote_lock:
+            if self._zygote is not None:
+                self._zygote.close()
+                self._zygote = None

@@ -28,11 +28,19 @@ def _generic_start(
     device: str, spawned_at: float, preload: tuple[str, ...] = ()
 ) -> dict[str, float]:
     """Import torch and the ``preload`` modules, initialise the device; return the phases."""
-    import importlib.util
-
     phases = {"process_start": max(0.0, (T_ENTRY_S - spawned_at) * 1000)}
     t0 = time.perf_counter()
-    import torch
+    import_libraries(preload)
+    phases["imports"] = (time.perf_counter() - t0) * 1000
+    phases["device_init"] = init_device(device)
+    return phases
+
+
+def import_libraries(preload: tuple[str, ...] = ()) -> None:
+    """torch, the replica's own modules, and the ``preload`` modules that are installed."""
+    import importlib.util
+
+    import torch  # noqa: F401
 
     import worker.specialize  # noqa: F401  (its imports are the replica's, not the user's)
 
@@ -40,16 +48,30 @@ def _generic_start(
         if importlib.util.find_spec(name) is not None:
             importlib.import_module(name)
 
-    phases["imports"] = (time.perf_counter() - t0) * 1000
+
+def init_device(device: str) -> float:
+    """Create the device's context now, not on the first tensor; the milliseconds it took."""
+    import torch
+
     t0 = time.perf_counter()
     if device == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("this replica was asked for CUDA but torch sees no CUDA device")
         torch.cuda.init()
-        torch.zeros(1, device="cuda")  # creates the context now, not on the first tensor
+        torch.zeros(1, device="cuda")
         torch.cuda.synchronize()
-    phases["device_init"] = (time.perf_counter() - t0) * 1000
-    return phases
+    return (time.perf_counter() - t0) * 1000
+
+
+def serve_generic(sock: socket.socket, device: str, phases: dict[str, float]) -> int:
+    """Say ``hello`` with the generic start's phases and serve until told to stop."""
+    from worker.child_protocol import Hello, dump
+    from worker.frames import FrameSocket
+
+    conn = FrameSocket(sock)
+    conn.send(dump(Hello(pid=os.getpid(), device=device, phases_ms=phases)))
+    ChildServer(conn, device).serve()
+    return 0
 
 
 class ChildServer:
@@ -228,19 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         phases = _generic_start(args.device, args.spawned_at, preload)
     except Exception as exc:  # e.g. CUDA asked for on a machine without it
-        _report_start_failure(sock, exc)
+        report_start_failure(sock, exc)
         return 1
-
-    from worker.child_protocol import Hello, dump
-    from worker.frames import FrameSocket
-
-    conn = FrameSocket(sock)
-    conn.send(dump(Hello(pid=os.getpid(), device=args.device, phases_ms=phases)))
-    ChildServer(conn, args.device).serve()
-    return 0
+    return serve_generic(sock, args.device, phases)
 
 
-def _report_start_failure(sock: socket.socket, exc: Exception) -> None:
+def report_start_failure(sock: socket.socket, exc: Exception) -> None:
     """Tell the agent why the generic start failed, instead of a bare exit."""
     from worker.child_protocol import SetupFailed, dump
     from worker.frames import FrameSocket

@@ -20,6 +20,7 @@ from snapshotter.registry import Registry
 from snapshotter.stores import LocalStore
 from tests.e2e.conftest import E2EStore, backend, e2e_store  # noqa: F401 (the fixture)
 from tests.e2e.stack import Proc, Stack
+from tests.faults.harness import db_value
 
 FUNCTIONS = Path(__file__).parent / "functions"
 
@@ -112,21 +113,11 @@ def proc_named(stack: Stack, name: str) -> Proc:
 
 def worker_name_of_call(stack: Stack, call_id: str) -> str:
     """The name of the worker whose replica holds ``call_id`` (read from the database)."""
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(stack.backend.database_url)
-    try:
-        with engine.connect() as conn:
-            name = conn.execute(
-                text(
-                    "SELECT w.name FROM calls c JOIN replicas r ON r.id = c.replica_id "
-                    "JOIN workers w ON w.id = r.worker_id WHERE c.id = :id"
-                ),
-                {"id": call_id},
-            ).scalar_one()
-    finally:
-        engine.dispose()
-    return str(name)
+    sql = (
+        "SELECT w.name FROM calls c JOIN replicas r ON r.id = c.replica_id "
+        "JOIN workers w ON w.id = r.worker_id WHERE c.id = :id"
+    )
+    return str(db_value(stack, sql, id=call_id))
 
 
 def pid_alive(pid: int) -> bool:

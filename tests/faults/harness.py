@@ -86,16 +86,25 @@ class CallRecord:
     error: str | None
 
 
-def db_calls(stack: Stack) -> dict[str, CallRecord]:
-    """Every call the control plane recorded, read from its database."""
+def db_rows(stack: Stack, sql: str, **params: Any) -> list[Any]:
+    """The rows ``sql`` selects from the control plane's database."""
     engine = create_engine(stack.backend.database_url)
     try:
         with engine.connect() as conn:
-            rows = conn.execute(
-                text("SELECT id, function, status, attempt, retries, error FROM calls")
-            ).all()
+            return list(conn.execute(text(sql), params).all())
     finally:
         engine.dispose()
+
+
+def db_value(stack: Stack, sql: str, **params: Any) -> Any:
+    """The single value ``sql`` selects (exactly one row)."""
+    [row] = db_rows(stack, sql, **params)
+    return row[0]
+
+
+def db_calls(stack: Stack) -> dict[str, CallRecord]:
+    """Every call the control plane recorded, read from its database."""
+    rows = db_rows(stack, "SELECT id, function, status, attempt, retries, error FROM calls")
     return {r[0]: CallRecord(*r) for r in rows}
 
 

@@ -11,12 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
 
 from tests.e2e.conftest import E2EStore
 from tests.e2e.stack import wait_for
 from tests.faults.conftest import FaultStack, chaos_spec, fault_stack, proc_named, sigkill
-from tests.faults.harness import Prober, check_ledger
+from tests.faults.harness import Prober, check_ledger, db_rows, db_value
 
 pytestmark = pytest.mark.slow
 THRESHOLD = 3
@@ -25,18 +24,12 @@ PROBE_INTERVAL_S = 4.0
 
 def _outcomes(stack: FaultStack, worker: str) -> list[str]:
     """Final statuses of the calls run on ``worker``, oldest first."""
-    engine = create_engine(stack.backend.database_url)
-    with engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT c.status FROM calls c JOIN replicas r ON r.id = c.replica_id "
-                "JOIN workers w ON w.id = r.worker_id WHERE w.name = :w "
-                "AND c.status IN ('succeeded', 'failed') ORDER BY c.finished_at"
-            ),
-            {"w": worker},
-        ).all()
-    engine.dispose()
-    return [str(r[0]) for r in rows]
+    sql = (
+        "SELECT c.status FROM calls c JOIN replicas r ON r.id = c.replica_id "
+        "JOIN workers w ON w.id = r.worker_id WHERE w.name = :w "
+        "AND c.status IN ('succeeded', 'failed') ORDER BY c.finished_at"
+    )
+    return [str(r[0]) for r in db_rows(stack, sql, w=worker)]
 
 
 # Async calls go through the queue; synchronous warm ones take the fast path
@@ -78,14 +71,8 @@ def test_failing_worker_gets_no_calls_until_a_probe_passes(
 
 
 def _ready_on(stack: FaultStack, worker: str) -> bool:
-    engine = create_engine(stack.backend.database_url)
-    with engine.connect() as conn:
-        n = conn.execute(
-            text(
-                "SELECT count(*) FROM replicas r JOIN workers w ON w.id = r.worker_id "
-                "WHERE w.name = :w AND r.state = 'ready'"
-            ),
-            {"w": worker},
-        ).scalar_one()
-    engine.dispose()
-    return bool(n)
+    sql = (
+        "SELECT count(*) FROM replicas r JOIN workers w ON w.id = r.worker_id "
+        "WHERE w.name = :w AND r.state = 'ready'"
+    )
+    return bool(db_value(stack, sql, w=worker))

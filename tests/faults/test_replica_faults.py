@@ -20,7 +20,7 @@ from tests.faults.conftest import (
     invoke,
     invoke_async,
 )
-from tests.faults.harness import Prober, check_ledger, db_calls, statuses
+from tests.faults.harness import Prober, check_ledger, db_calls, db_value, statuses
 
 pytestmark = pytest.mark.slow
 
@@ -73,15 +73,7 @@ def test_crashing_function_fails_with_reason_and_others_run(
 
 
 def _replica_count(stack: FaultStack, function: str) -> int:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(stack.backend.database_url)
-    with engine.connect() as conn:
-        n = conn.execute(
-            text("SELECT count(*) FROM replicas WHERE function = :f"), {"f": function}
-        ).scalar_one()
-    engine.dispose()
-    return int(n)
+    return int(db_value(stack, "SELECT count(*) FROM replicas WHERE function = :f", f=function))
 
 
 def test_cold_start_past_deadline_is_504_and_replica_still_starts(
@@ -104,28 +96,12 @@ def test_cold_start_past_deadline_is_504_and_replica_still_starts(
 
 
 def _ready_replicas(stack: FaultStack, function: str) -> int:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(stack.backend.database_url)
-    with engine.connect() as conn:
-        n = conn.execute(
-            text("SELECT count(*) FROM replicas WHERE function = :f AND state = 'ready'"),
-            {"f": function},
-        ).scalar_one()
-    engine.dispose()
-    return int(n)
+    sql = "SELECT count(*) FROM replicas WHERE function = :f AND state = 'ready'"
+    return int(db_value(stack, sql, f=function))
 
 
 def _replica_state(stack: FaultStack, replica_id: str) -> str:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(stack.backend.database_url)
-    with engine.connect() as conn:
-        state = conn.execute(
-            text("SELECT state FROM replicas WHERE id = :id"), {"id": replica_id}
-        ).scalar_one()
-    engine.dispose()
-    return str(state)
+    return str(db_value(stack, "SELECT state FROM replicas WHERE id = :id", id=replica_id))
 
 
 def test_call_past_timeout_kills_its_process(

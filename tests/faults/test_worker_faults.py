@@ -24,7 +24,7 @@ from tests.faults.conftest import (
     sigkill,
     worker_name_of_call,
 )
-from tests.faults.harness import Prober, check_ledger, db_calls, statuses
+from tests.faults.harness import Prober, check_ledger, db_calls, db_rows, statuses
 
 pytestmark = pytest.mark.slow
 
@@ -128,18 +128,12 @@ def test_idempotent_call_redelivered_runs_once(
 
 def _redeliver(stack: FaultStack, call_id: str) -> None:
     """Send the call's RunCall to its worker's queue a second time, as a broker would."""
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(stack.backend.database_url)
-    with engine.connect() as conn:
-        row = conn.execute(
-            text(
-                "SELECT c.replica_id, r.worker_id, c.attempt, c.input_json, c.accepted_at, "
-                "c.timeout_s FROM calls c JOIN replicas r ON r.id = c.replica_id WHERE c.id = :id"
-            ),
-            {"id": call_id},
-        ).one()
-    engine.dispose()
+    [row] = db_rows(
+        stack,
+        "SELECT c.replica_id, r.worker_id, c.attempt, c.input_json, c.accepted_at, "
+        "c.timeout_s FROM calls c JOIN replicas r ON r.id = c.replica_id WHERE c.id = :id",
+        id=call_id,
+    )
     replica_id, worker_id, attempt, input_json, accepted_at, timeout_s = row
     import json
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from worker.child_protocol import ReplicaSpec
+from worker.pool import ProcessPool
 from worker.runtimes.base import CallRequest, CallUpdate, ReplicaStartError
 from worker.runtimes.process import ProcessReplica, ProcessRuntime
 
@@ -28,9 +29,10 @@ class Exits:
         self.event.set()
 
 
-@pytest.fixture
-def runtime() -> Iterator[ProcessRuntime]:
-    rt = ProcessRuntime()
+@pytest.fixture(params=["spawned", "forked"])
+def runtime(request: pytest.FixtureRequest) -> Iterator[ProcessRuntime]:
+    """Replica processes spawned afresh, or forked from a zygote: they behave alike."""
+    rt = ProcessRuntime(ProcessPool(zygote=request.param == "forked"))
     yield rt
     rt.close()
 

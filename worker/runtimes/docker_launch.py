@@ -37,7 +37,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from docker.errors import DockerException
 
@@ -211,8 +211,7 @@ class ContainerProcess(GenericProcess):
         mount: LazyMount, workdir: Path,
     ) -> None:  # fmt: skip
         self.waiter = ContainerWait(container)
-        # ProcessReplica needs poll/wait/kill of a Popen; ContainerWait provides them.
-        super().__init__(cast(Any, self.waiter), conn, device, phases_ms)
+        super().__init__(self.waiter, conn, device, phases_ms)
         self.container = container
         self.mount = mount
         self.workdir = workdir

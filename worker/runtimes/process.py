@@ -69,6 +69,7 @@ class ProcessRuntime(Runtime):
         return replica
 
     def prewarm_device(self, device: str) -> None:
+        self.pool.start_zygote()
         self.pool.prewarm(device)
 
     def pool_counts(self) -> tuple[int, int] | None:

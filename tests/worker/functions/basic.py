@@ -64,3 +64,14 @@ class Timed:
         if input.get("raise"):
             raise ValueError("failed after tokenizing")
         return "ok"
+
+
+class Random:
+    """Draws from Python's and torch's default generators: each process its own."""
+
+    def __call__(self, input: Any) -> Any:
+        import random
+
+        import torch
+
+        return {"pid": os.getpid(), "random": random.random(), "torch": torch.rand(1).item()}

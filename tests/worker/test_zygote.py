@@ -1,0 +1,107 @@
+"""Generic processes forked from the zygote: no imports paid per process, their
+own random state, exit codes from the zygote, and replicas that outlive it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from worker.child_protocol import ReplicaSpec
+from worker.pool import ProcessPool
+from worker.runtimes.base import CallRequest
+from worker.runtimes.process import ProcessRuntime
+from worker.zygote import ForkedProcess
+
+FUNCTIONS = Path(__file__).parent / "functions"
+
+
+def spec(entry: str, replica_id: str) -> ReplicaSpec:
+    return ReplicaSpec(replica_id=replica_id, function="f", entry=entry, bundle_dir=str(FUNCTIONS))
+
+
+def parent_pid(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
+
+
+@pytest.fixture
+def pool() -> Iterator[ProcessPool]:
+    pool = ProcessPool(warm_size=0, zygote=True)
+    pool.start_zygote()
+    yield pool
+    pool.close()
+
+
+def test_a_pool_miss_is_a_fork_of_the_zygote(pool: ProcessPool) -> None:
+    runtime = ProcessRuntime(pool)
+    assert pool._zygote is not None
+    zygote_pid = pool._zygote.proc.pid
+    assert pool._zygote.imports_ms > 0.0  # torch, paid once by the zygote
+    replica = runtime.start(spec("basic:Echo", "r1"), lambda *_: None)
+    try:
+        assert isinstance(replica.process.proc, ForkedProcess)
+        assert parent_pid(replica.process.pid) == zygote_pid
+        phases = replica.phases_ms
+        assert phases["pool_acquire"] == 0.0  # a miss: nothing was waiting
+        # What remains of ``imports`` is the function's own module; torch came with the fork.
+        assert phases["imports"] < pool._zygote.imports_ms / 4
+        assert 0.0 < phases["process_start"] < pool._zygote.imports_ms
+        [done] = list(replica.call(CallRequest("c1", {"x": 1})))
+        assert done.kind == "succeeded" and done.output["input"] == {"x": 1}
+    finally:
+        replica.stop()
+    assert replica.process.proc.poll() is not None
+    assert not Path(f"/proc/{replica.process.pid}").exists()  # reaped by the zygote
+
+
+def test_forked_processes_draw_their_own_random_numbers(pool: ProcessPool) -> None:
+    runtime = ProcessRuntime(pool)
+    replicas = [runtime.start(spec("basic:Random", f"r{i}"), lambda *_: None) for i in range(2)]
+    try:
+        [a], [b] = ([u.output for u in r.call(CallRequest("c", {}))] for r in replicas)
+    finally:
+        for r in replicas:
+            r.stop()
+    assert a["pid"] != b["pid"]
+    assert a["random"] != b["random"] and a["torch"] != b["torch"]
+
+
+def test_a_killed_fork_reports_the_signal(pool: ProcessPool) -> None:
+    exits: list[str] = []
+    runtime = ProcessRuntime(pool)
+    replica = runtime.start(spec("basic:Flaky", "r1"), lambda _, why: exits.append(why))
+    os.kill(replica.process.pid, signal.SIGSEGV)
+    assert replica.process.proc.wait(timeout=10) == -signal.SIGSEGV
+    deadline = time.monotonic() + 10
+    while not exits and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert exits == ["the replica process exited with code -11"]
+
+
+def test_replicas_outlive_a_dead_zygote_and_a_new_one_starts(pool: ProcessPool) -> None:
+    runtime = ProcessRuntime(pool)
+    replica = runtime.start(spec("basic:Flaky", "r1"), lambda *_: None)
+    assert pool._zygote is not None
+    first = pool._zygote
+    first.proc.kill()
+    first.proc.wait()
+    deadline = time.monotonic() + 10
+    while first.alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not first.alive
+    # The replica still serves; its end is seen through its pidfd.
+    assert [u.kind for u in replica.call(CallRequest("c1", {}))] == ["succeeded"]
+    replica.process.proc.kill()
+    assert replica.process.proc.wait(timeout=10) == -signal.SIGKILL
+    # The next start forks from a new zygote.
+    again = runtime.start(spec("basic:Flaky", "r2"), lambda *_: None)
+    try:
+        assert pool._zygote is not None and pool._zygote is not first
+        assert parent_pid(again.process.pid) == pool._zygote.proc.pid
+    finally:
+        again.stop()
