@@ -25,7 +25,8 @@ from bench._common import Column, TableSpec, markdown_table, percentile
 LABELS = {
     "naive": "naive: fresh process, torch+transformers, from_pretrained, forward",
     "thaw_pool_hit": "thaw cold start, pool hit, weights in disk cache",
-    "thaw_pool_miss": "thaw cold start, pool miss, weights in disk cache",
+    "thaw_pool_miss": "thaw cold start, pool miss (fork of the zygote), weights in disk cache",
+    "thaw_pool_miss_spawn": "thaw cold start, pool miss, no zygote (a new interpreter)",
     "boto3_s3": "boto3 download, then from_pretrained + forward",
     "thaw_s3": "thaw cold start, weights only in S3 (empty worker cache)",
     "thaw_warm": "thaw warm call",

@@ -3,10 +3,11 @@
     python bench/coldstart.py [--trials 5] [--quick] [--json] [--png PATH] [--data-dir DIR]
 
 thaw runs as real processes (``thaw server`` + ``thaw worker``, SQLite and the
-filesystem broker) in three installations, all up for the whole run:
+filesystem broker) in four installations, all up for the whole run:
 
 - ``pool``:  local store, ``THAW_WORKER_POOL_SIZE=1``   → pool hit rows, warm, adapters, trace
-- ``nopool``: local store, ``THAW_WORKER_POOL_SIZE=0``  → pool miss row
+- ``nopool``: local store, ``THAW_WORKER_POOL_SIZE=0``  → pool miss row (a fork of the zygote)
+- ``spawn``: as ``nopool`` with ``THAW_WORKER_POOL_ZYGOTE=0`` → pool miss, new interpreter
 - ``s3``:    moto S3 store on loopback, pool of 1, a fresh worker (empty disk cache)
              before every trial → S3-only row
 
@@ -51,7 +52,15 @@ COLD_FN = "textgen"
 WARM_FN = "textgen-warm"
 COLD_IDLE_TIMEOUT_S = 1.0
 TRACE_IDLE_TIMEOUT_S = 2.0
-COLD_ROWS = ("naive", "thaw_pool_hit", "thaw_pool_miss", "boto3_s3", "thaw_s3")
+COLD_ROWS = (
+    "naive",
+    "thaw_pool_hit",
+    "thaw_pool_miss",
+    "thaw_pool_miss_spawn",
+    "boto3_s3",
+    "thaw_s3",
+)
+MISS_ROWS = ("thaw_pool_miss", "thaw_pool_miss_spawn")
 POOL_RETRIES = 3
 NO_RAM_TIER = {"THAW_RAM_TIER_MAX_BYTES": "0"}
 
@@ -108,6 +117,7 @@ class Env:
     raw_s3: dict[str, Any]
     pool: setup.BenchStack
     nopool: setup.BenchStack
+    spawn: setup.BenchStack
     s3: setup.BenchStack
     s3_workers: int = 1
     pool_refill_misses: dict[str, int] = field(default_factory=dict)
@@ -135,21 +145,23 @@ def environment(opts: Options, say: Callable[[str], None]) -> Iterator[Env]:
         s3_store = setup.create_thaw_bucket(endpoint)
         setup.push_example(dirs, s3_store, endpoint)
         raw = setup.upload_raw(endpoint, dirs["model"])
-        say("starting three thaw installations (server + worker each)")
+        say("starting four thaw installations (server + worker each)")
         pool = _start(ctx, scratch, "pool", local_store, {"THAW_WORKER_POOL_SIZE": "1"})
         nopool = _start(ctx, scratch, "nopool", local_store, {"THAW_WORKER_POOL_SIZE": "0"})
+        no_zygote = {"THAW_WORKER_POOL_SIZE": "0", "THAW_WORKER_POOL_ZYGOTE": "0"}
+        spawn = _start(ctx, scratch, "spawn", local_store, no_zygote)
         s3_env = {"THAW_WORKER_POOL_SIZE": "1", **setup.s3_env(endpoint)}
         s3 = _start(ctx, scratch, "s3", s3_store, s3_env)
-        for stack in (pool, nopool, s3):
+        for stack in (pool, nopool, spawn, s3):
             stack.deploy(
                 setup.function_spec(
                     bundle, COLD_FN, min_replicas=0, idle_timeout_s=COLD_IDLE_TIMEOUT_S
                 )
             )
         pool.deploy(setup.function_spec(bundle, WARM_FN, min_replicas=0, idle_timeout_s=3600))
-        env = Env(dirs, scratch, raw, pool, nopool, s3)
+        env = Env(dirs, scratch, raw, pool, nopool, spawn, s3)
         say("priming the disk caches (one untimed cold start each)")
-        for stack in (pool, nopool):
+        for stack in (pool, nopool, spawn):
             sc.timed_call(stack, COLD_FN)
         _settle(env, opts)
         yield env
@@ -163,7 +175,7 @@ def _remove_tree(path: Path) -> None:
 
 def _settle(env: Env, opts: Options) -> None:
     """Every installation scaled to zero with a full pool: nothing runs during a trial."""
-    for stack in (env.pool, env.nopool, env.s3):
+    for stack in (env.pool, env.nopool, env.spawn, env.s3):
         stack.wait_scaled_to_zero(COLD_FN)
     env.pool.wait_pool_ready(opts.pool_refill_s)
 
@@ -199,14 +211,19 @@ def _baseline(env: Env, method: str) -> sc.Sample:
 def run_cold_row(env: Env, row: str, opts: Options) -> sc.Sample:
     if row in ("naive", "boto3_s3"):
         return _baseline(env, "naive" if row == "naive" else "boto3")
-    stack = {"thaw_pool_hit": env.pool, "thaw_pool_miss": env.nopool, "thaw_s3": env.s3}[row]
+    stack = {
+        "thaw_pool_hit": env.pool,
+        "thaw_pool_miss": env.nopool,
+        "thaw_pool_miss_spawn": env.spawn,
+        "thaw_s3": env.s3,
+    }[row]
     for _ in range(POOL_RETRIES):
         sample = sc.cold_call(stack, COLD_FN)
         if row == "thaw_s3":  # the next trial, or retry, starts with an empty disk cache
             _settle(env, opts)
             _fresh_s3_worker(env, opts)
         _settle(env, opts)
-        if row == "thaw_pool_miss" or sample.pool_hit:
+        if row in MISS_ROWS or sample.pool_hit:
             return sample
         # The pool had not refilled yet: this row measures pool hits, so try again.
         env.pool_refill_misses[row] = env.pool_refill_misses.get(row, 0) + 1

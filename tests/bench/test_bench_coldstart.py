@@ -33,9 +33,12 @@ def test_quick_run_reports_every_scenario(tmp_path: Path) -> None:
         assert s["n"] >= 1 and s["median_s"] >= 0 and s["p95_s"] >= s["median_s"] - 1e-9, key
     assert {"imports_s", "load_s", "forward_s"} <= set(doc["scenarios"]["naive"]["phases_ms"])
     assert "download_s" in doc["scenarios"]["boto3_s3"]["phases_ms"]
-    for key in ("thaw_pool_hit", "thaw_pool_miss", "thaw_s3"):
+    for key in ("thaw_pool_hit", "thaw_pool_miss", "thaw_pool_miss_spawn", "thaw_s3"):
         assert "weights_fetch" in doc["scenarios"][key]["phases_ms"], key  # from Server-Timing
     assert doc["scenarios"]["thaw_pool_miss"]["phases_ms"]["process_start"] > 0
+    # A miss forks the zygote, whose imports were paid before; a spawn pays them.
+    spawned = doc["scenarios"]["thaw_pool_miss_spawn"]["phases_ms"]
+    assert doc["scenarios"]["thaw_pool_miss"]["phases_ms"]["imports"] < spawned["imports"]
     assert doc["scenarios"]["thaw_pool_hit"]["phases_ms"]["process_start"] == 0
     trace = doc["trace"]
     assert trace["scale_to_zero"]["cold_rate"] > 0  # every burst after an idle gap starts cold
