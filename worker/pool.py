@@ -14,10 +14,11 @@ cold start pays process start, imports and device init. A pooled process's
 generic phases were paid before the request, so the runtime reports them as
 zero for that cold start.
 
-With ``zygote`` (the default) a generic process is a fork of the worker's
-zygote (``worker.zygote``), which imported the libraries once: a refill or
-a pool miss costs a fork, not a fresh interpreter and its imports. Should
-the zygote fail, processes are spawned afresh until a new one starts.
+With ``zygote`` (the worker's default) a generic CPU process is a fork of
+the worker's zygote (``worker.zygote``), which imported the libraries once:
+a refill or a pool miss costs a fork, not a fresh interpreter and its
+imports. Should the zygote fail, processes are spawned afresh until a new
+one starts. CUDA processes are always spawned.
 """
 
 from __future__ import annotations
@@ -254,7 +255,9 @@ class ProcessPool:
             return
 
     def _spawn(self, device: str) -> GenericProcess:
-        zygote = self._zygote_running() if self.use_zygote else None
+        # CUDA processes are spawned afresh: a CUDA context does not survive a fork,
+        # and forking one safely is not verified on a GPU yet.
+        zygote = self._zygote_running() if self.use_zygote and device == "cpu" else None
         if zygote is not None:
             try:
                 return fork_generic(zygote, device)
