@@ -243,9 +243,10 @@ def finalize(
     timings_ms: dict[str, float] | None = None,
     adapter_hit: bool | None = None,
     from_states: tuple[str, ...] = NON_FINAL_CALL_STATES,
+    attempt: int | None = None,
 ) -> bool:
     """Move a call to final ``status`` if it is in one of ``from_states`` (by default
-    any non-final state). True if this won.
+    any non-final state) and, given ``attempt``, still on that attempt. True if this won.
 
     The winner also completes the call's books: ``total`` (as the control
     plane measured it, unless the worker reported one), a cold call's
@@ -266,11 +267,11 @@ def finalize(
         row = session.get(Call, call_id)
         merged = {**(json.loads(row.timings_json) if row else {}), **timings_ms}
         values["timings_json"] = json.dumps(merged)
+    where = [Call.id == call_id, Call.status.in_(from_states)]
+    if attempt is not None:
+        where.append(Call.attempt == attempt)
     result = session.execute(
-        update(Call)
-        .where(Call.id == call_id, Call.status.in_(from_states))
-        .values(**values)
-        .execution_options(synchronize_session=False)
+        update(Call).where(*where).values(**values).execution_options(synchronize_session=False)
     )
     won = bool(result.rowcount == 1)  # type: ignore[attr-defined]
     if won:
@@ -320,7 +321,12 @@ def _complete_books(
 def record_event(
     session: Session, metrics: Metrics | None, now: float, call_id: str, ev: CallEvent
 ) -> None:
-    """Apply a worker's event. Raises ``ConflictError`` (409) once the call is final."""
+    """Apply a worker's event. Raises ``ConflictError`` (409) once the call is final.
+
+    Every update is guarded by the event's attempt as well as by the read above:
+    the call may have been requeued (its worker taken for lost) in between, and a
+    late event of the old attempt must not move the new one.
+    """
     row = get_row(session, call_id)
     if row.status in FINAL_CALL_STATES:
         raise ConflictError(f"call {call_id} is already {row.status}; stop sending for it")
@@ -329,7 +335,11 @@ def record_event(
     if ev.kind == "started":
         session.execute(
             update(Call)
-            .where(Call.id == call_id, Call.status.in_(("queued", "dispatched")))
+            .where(
+                Call.id == call_id,
+                Call.attempt == ev.attempt,
+                Call.status.in_(("queued", "dispatched")),
+            )
             .values(status="running")
             .execution_options(synchronize_session=False)
         )
@@ -350,24 +360,33 @@ def record_event(
             error=ev.error,
             timings_ms=ev.timings_ms,
             adapter_hit=ev.adapter_hit,
+            attempt=ev.attempt,
         )
         if not won:
-            raise ConflictError(f"call {call_id} is already final; stop sending for it")
+            raise ConflictError(
+                f"call {call_id} is already final or past attempt {ev.attempt}; stop sending for it"
+            )
 
 
 def requeue_or_fail(
     session: Session, metrics: Metrics | None, now: float, call: Call, reason: str
 ) -> None:
-    """A call whose replica vanished: run it again if retries remain, else fail it."""
+    """A call whose replica vanished: run it again if retries remain, else fail it.
+    Only while it is still on the attempt ``call`` was read at (another path may
+    have requeued it, and dispatched the next attempt, since)."""
     if call.attempt <= call.retries:
         session.execute(
             update(Call)
-            .where(Call.id == call.id, Call.status.in_(IN_FLIGHT_CALL_STATES))
+            .where(
+                Call.id == call.id,
+                Call.attempt == call.attempt,
+                Call.status.in_(IN_FLIGHT_CALL_STATES),
+            )
             .values(status="queued", attempt=call.attempt + 1, replica_id=None)
             .execution_options(synchronize_session=False)
         )
     else:
-        finalize(session, metrics, now, call.id, "failed", error=reason)
+        finalize(session, metrics, now, call.id, "failed", error=reason, attempt=call.attempt)
 
 
 def _note_adapters(session: Session, replica_id: str, names: list[str]) -> None:

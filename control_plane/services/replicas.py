@@ -151,7 +151,9 @@ def _end_calls_of(
         ).all()
         for call_id in queued:
             error = f"replica failed to start: {reason}"
-            calls.finalize(session, metrics, now, call_id, "failed", error=error)
+            calls.finalize(
+                session, metrics, now, call_id, "failed", error=error, from_states=("queued",)
+            )
             touched.append(call_id)
     return touched
 

@@ -116,3 +116,68 @@ class CallLifecycle(RuleBasedStateMachine):
 
 CallLifecycle.TestCase.settings = settings(max_examples=60, stateful_step_count=20, deadline=None)
 TestCallLifecycle = CallLifecycle.TestCase
+
+
+def _two_sessions() -> tuple[Session, Session]:
+    engine = create_engine("sqlite://", poolclass=StaticPool)
+    Base.metadata.create_all(engine)
+    with Session(engine) as s:
+        s.add(
+            Call(
+                id="c",
+                function="f",
+                version=1,
+                api_key_id="k",
+                status="dispatched",
+                input_json="null",
+                retries=1,
+                timeout_s=60,
+                accepted_at=0,
+                deadline_at=60,
+                replica_id="r1",
+            )
+        )
+        s.commit()
+    return Session(engine), Session(engine)
+
+
+def test_a_late_event_of_a_requeued_attempt_moves_nothing() -> None:
+    """The worker's events of attempt 1 are read against attempt 1, then the call is
+    requeued (its worker taken for lost) before they write: the new attempt stays
+    queued instead of running on no replica until its deadline."""
+    worker, reconciler = _two_sessions()
+    stale = worker.get(Call, "c")  # the event's read: attempt 1, dispatched
+    assert stale is not None and stale.attempt == 1
+    fresh = reconciler.get(Call, "c")
+    assert fresh is not None
+    calls.requeue_or_fail(reconciler, None, 1.0, fresh, "worker w1 stopped heartbeating")
+    reconciler.commit()
+    calls.record_event(worker, None, 2.0, "c", CallEvent(attempt=1, kind="started"))
+    try:
+        calls.record_event(worker, None, 2.0, "c", CallEvent(attempt=1, kind="succeeded"))
+    except ConflictError as exc:
+        assert "past attempt 1" in str(exc)
+    else:
+        raise AssertionError("a final event of a requeued attempt was recorded")
+    worker.commit()
+    reconciler.expire_all()
+    row = reconciler.get(Call, "c")
+    assert row is not None
+    assert (row.status, row.attempt, row.replica_id) == ("queued", 2, None)
+
+
+def test_a_stale_requeue_does_not_requeue_the_next_attempt_again() -> None:
+    first, second = _two_sessions()
+    a = first.get(Call, "c")
+    b = second.get(Call, "c")
+    assert a is not None and b is not None
+    calls.requeue_or_fail(first, None, 1.0, a, "replica r1 ended")
+    first.commit()
+    first.execute(update(Call).where(Call.id == "c").values(status="dispatched", replica_id="r2"))
+    first.commit()
+    calls.requeue_or_fail(second, None, 2.0, b, "worker w1 stopped heartbeating")  # read earlier
+    second.commit()
+    first.expire_all()
+    row = first.get(Call, "c")
+    assert row is not None
+    assert (row.status, row.attempt, row.replica_id) == ("dispatched", 2, "r2")
