@@ -19,8 +19,10 @@ def server(
     """Migrate the database, print the first admin key on a fresh install, and serve."""
     import uvicorn
 
+    from control_plane import gil
     from control_plane.api.app import create_app
 
+    gil.tune()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s server %(message)s")
     settings = Settings()
     app = create_app(settings)

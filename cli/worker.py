@@ -16,9 +16,11 @@ def worker(
     log_level: str = typer.Option("INFO", help="DEBUG, INFO, WARNING"),
 ) -> None:
     """Register with the control plane, run replicas, until Ctrl-C or SIGTERM."""
+    from control_plane import gil
     from worker.bootstrap import MissingKeyError, serve
     from worker.control_client import ControlPlaneError
 
+    gil.tune()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s worker %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per event is noise
     overrides = {k: v for k, v in {"server_url": server_url, "api_key": api_key}.items() if v}

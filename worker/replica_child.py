@@ -245,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spawned-at", type=float, default=T_ENTRY_S)
     parser.add_argument("--preload", default="", help="modules to import, comma-separated")
     args = parser.parse_args(argv)
+    from control_plane import gil
+
+    gil.tune()
     sock = socket.socket(fileno=args.fd)
     preload = tuple(m for m in args.preload.split(",") if m)
     try:

@@ -262,7 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preload", default="", help="modules to import, comma-separated")
     args = parser.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
+    from control_plane import gil
     from worker.replica_child import import_libraries
+
+    gil.tune()  # its forks inherit it
 
     t0 = time.perf_counter()
     try:
