@@ -8,8 +8,9 @@ takes one with ``ProcessPool.acquire`` and specializes it.
 ``warm_size`` generic processes per device are kept started in the
 background; a pooled one is also told to ``prepare`` its weight loader for
 the worker's store (store client, disk cache, RAM tier, staging buffers).
-Each ``acquire`` that takes a pooled process starts a refill in the
-background. With ``warm_size=0`` ``acquire`` spawns one on demand, so the
+The runtime asks for a refill (``refill_later``) once the process it took
+is specialized, so the refill does not compete with that cold start for
+the CPU. With ``warm_size=0`` ``acquire`` spawns one on demand, so the
 cold start pays process start, imports and device init. A pooled process's
 generic phases were paid before the request, so the runtime reports them as
 zero for that cold start.
@@ -211,7 +212,6 @@ class ProcessPool:
                 proc = warm.pop()
                 if proc.proc.poll() is None:
                     self._handed_out.append(proc)
-                    self._refill_later(device)
                     return proc, True
                 proc.kill()  # it died while waiting: reap it
         proc = self._spawn(device)
@@ -296,7 +296,8 @@ class ProcessPool:
                 raise
         return proc
 
-    def _refill_later(self, device: str) -> None:
+    def refill_later(self, device: str) -> None:
+        """Fill the pool for ``device`` again, in the background."""
         threading.Thread(target=self._refill, args=(device,), daemon=True).start()
 
     def _refill(self, device: str) -> None:

@@ -65,7 +65,11 @@ class ProcessRuntime(Runtime):
         for name in GENERIC_PHASES:
             phases[name] = 0.0 if warm else generic.phases_ms.get(name, 0.0)
         replica = ProcessReplica(spec.replica_id, generic, on_exit)
-        replica.specialize(spec, phases)
+        try:
+            replica.specialize(spec, phases)
+        finally:
+            if warm:  # refilled once this start no longer needs the CPU
+                self.pool.refill_later(spec.device)
         return replica
 
     def prewarm_device(self, device: str) -> None:
