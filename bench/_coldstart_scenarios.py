@@ -55,9 +55,8 @@ def timed_call(stack: BenchStack, function: str, adapter: str | None = None) -> 
     body: dict[str, object] = {"input": PROMPT_BODY}
     if adapter is not None:
         body["adapter"] = adapter
-    started = time.perf_counter()
-    response = stack.invoke(function, body)
-    return _sample(response, time.perf_counter() - started)
+    response, seconds = stack.timed_invoke(function, body)
+    return _sample(response, seconds)
 
 
 def _sample(response: httpx.Response, total_s: float) -> Sample:
