@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from worker.child_protocol import CallError, CallMsg, Output, Result, dump
+from worker.child_protocol import CallEnd, CallError, CallMsg, Output, Result, dump
 from worker.sdk import CallContext, accepts_call_context, is_stream
 from worker.specialize import format_error
 
@@ -87,27 +87,19 @@ class BatchRunner:
         i: int,
     ) -> None:
         hit, held = adapters
+        ended = CallEnd(
+            call_id=msg.call_id,
+            timings_ms=t,
+            adapter_hit=hit,
+            loaded_adapters=held,
+            batch_size=n,
+            batch_index=i,
+        ).model_dump()
         if isinstance(out, _Failed | BaseException):
             error = out.error if isinstance(out, _Failed) else format_error(out)
-            answer: CallError | Result = CallError(
-                call_id=msg.call_id,
-                error=error,
-                timings_ms=t,
-                adapter_hit=hit,
-                loaded_adapters=held,
-                batch_size=n,
-                batch_index=i,
-            )
+            answer: CallError | Result = CallError(error=error, **ended)
         else:
-            answer = Result(
-                call_id=msg.call_id,
-                output=out,
-                timings_ms=t,
-                adapter_hit=hit,
-                loaded_adapters=held,
-                batch_size=n,
-                batch_index=i,
-            )
+            answer = Result(output=out, **ended)
         self._send(dump(answer))
 
     def _execute(

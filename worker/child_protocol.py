@@ -159,10 +159,10 @@ class Output(BaseModel):
     chunk: Any = None
 
 
-class Result(BaseModel):
-    type: Literal["result"] = "result"
+class CallEnd(BaseModel):
+    """What ``Result`` and ``CallError`` both report about the call that ended."""
+
     call_id: str
-    output: Any = None
     timings_ms: dict[str, float] = Field(default_factory=dict)
     adapter_hit: bool | None = None  # None: the call named no adapter
     loaded_adapters: list[str] | None = None  # held after a call naming an adapter
@@ -170,15 +170,14 @@ class Result(BaseModel):
     batch_index: int | None = None  # and this call's place in it
 
 
-class CallError(BaseModel):
+class Result(CallEnd):
+    type: Literal["result"] = "result"
+    output: Any = None
+
+
+class CallError(CallEnd):
     type: Literal["error"] = "error"
-    call_id: str
     error: str
-    timings_ms: dict[str, float] = Field(default_factory=dict)
-    adapter_hit: bool | None = None
-    loaded_adapters: list[str] | None = None
-    batch_size: int | None = None
-    batch_index: int | None = None
 
 
 ToChild = Annotated[Prepare | Specialize | CallMsg | Shutdown, Field(discriminator="type")]

@@ -21,10 +21,11 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Any
 
 from worker.child_protocol import (
     FROM_CHILD,
+    CallEnd,
     CallError,
     CallMsg,
     Output,
@@ -236,26 +237,13 @@ class ProcessReplica(ReplicaHandle):
 def _to_update(item: object, death_reason: str) -> CallUpdate:
     if isinstance(item, Output):
         return CallUpdate("output", output=item.chunk)
-    if isinstance(item, Result):
-        return CallUpdate(
-            "succeeded",
-            output=item.output,
-            timings_ms=item.timings_ms,
-            adapter_hit=item.adapter_hit,
-            loaded_adapters=item.loaded_adapters,
-            batch_size=item.batch_size,
-            batch_index=item.batch_index,
-        )
-    if isinstance(item, CallError):
-        return CallUpdate(
-            "failed",
-            error=item.error,
-            timings_ms=item.timings_ms,
-            adapter_hit=item.adapter_hit,
-            loaded_adapters=item.loaded_adapters,
-            batch_size=item.batch_size,
-            batch_index=item.batch_index,
-        )
+    if isinstance(item, Result | CallError):
+        # CallUpdate has CallEnd's fields but the call id (the caller knows it).
+        fields = (f for f in CallEnd.model_fields if f != "call_id")
+        ended: dict[str, Any] = {f: getattr(item, f) for f in fields}
+        if isinstance(item, Result):
+            return CallUpdate("succeeded", output=item.output, **ended)
+        return CallUpdate("failed", error=item.error, **ended)
     return CallUpdate("failed", error=f"the replica died during the call: {death_reason}")
 
 

@@ -4,6 +4,8 @@ in, a call reaches exactly one final state and never leaves it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -18,26 +20,27 @@ from control_plane.services import calls
 from control_plane.services.states import FINAL_CALL_STATES
 
 
+def _call(**fields: Any) -> Call:
+    """Call "c" of function "f" (one retry), accepted at 0; ``fields`` set the rest."""
+    base: dict[str, Any] = {
+        "id": "c",
+        "function": "f",
+        "version": 1,
+        "api_key_id": "k",
+        "input_json": "null",
+        "retries": 1,
+        "accepted_at": 0,
+    }
+    return Call(**base, **fields)
+
+
 class CallLifecycle(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         engine = create_engine("sqlite://", poolclass=StaticPool)
         Base.metadata.create_all(engine)
         self.session = Session(engine)
-        self.session.add(
-            Call(
-                id="c",
-                function="f",
-                version=1,
-                api_key_id="k",
-                status="queued",
-                input_json="null",
-                retries=1,
-                timeout_s=1,
-                accepted_at=0,
-                deadline_at=1,
-            )
-        )
+        self.session.add(_call(status="queued", timeout_s=1, deadline_at=1))
         self.session.commit()
         self.final: str | None = None
         self.wins = 0
@@ -122,21 +125,7 @@ def _two_sessions() -> tuple[Session, Session]:
     engine = create_engine("sqlite://", poolclass=StaticPool)
     Base.metadata.create_all(engine)
     with Session(engine) as s:
-        s.add(
-            Call(
-                id="c",
-                function="f",
-                version=1,
-                api_key_id="k",
-                status="dispatched",
-                input_json="null",
-                retries=1,
-                timeout_s=60,
-                accepted_at=0,
-                deadline_at=60,
-                replica_id="r1",
-            )
-        )
+        s.add(_call(status="dispatched", timeout_s=60, deadline_at=60, replica_id="r1"))
         s.commit()
     return Session(engine), Session(engine)
 
