@@ -55,6 +55,8 @@
 | worker_pool_size           | THAW_WORKER_POOL_SIZE        | 1 (pre-warmed generic replica processes per device) |
 | worker_pool_preload        | THAW_WORKER_POOL_PRELOAD     | transformers,peft (imported by every generic replica process) |
 | worker_pool_zygote         | THAW_WORKER_POOL_ZYGOTE      | true (generic processes are forks of one that imported them) |
+| worker_pool_host_bytes_max | THAW_WORKER_POOL_HOST_BYTES_MAX | 8 GiB (host memory a pooled CPU process populates for its weights; 0: off) |
+| worker_pool_refill_delay_s | THAW_WORKER_POOL_REFILL_DELAY_S | 1.0 (after a pool hit, before the pool refills) |
 | adapter_cache_size         | THAW_ADAPTER_CACHE_SIZE      | 8 (adapters a replica loads on first use and keeps, LRU) |
 | docker_url                 | THAW_DOCKER_URL              | unix:///var/run/docker.sock |
 | docker_warm_size           | THAW_DOCKER_WARM_SIZE        | 0 (warm containers per image) |
@@ -141,6 +143,8 @@ class Settings(BaseSettings):
     worker_pool_size: int = Field(default=1, ge=0)
     worker_pool_preload: str = "transformers,peft"
     worker_pool_zygote: bool = True
+    worker_pool_host_bytes_max: int = Field(default=8 << 30, ge=0)
+    worker_pool_refill_delay_s: float = Field(default=1.0, ge=0)
     adapter_cache_size: int = Field(default=8, ge=0)
     docker_url: str = "unix:///var/run/docker.sock"
     docker_warm_size: int = Field(default=0, ge=0)

@@ -35,6 +35,7 @@ import torch
 from snapshotter.cache import DiskCache
 from snapshotter.config import LoaderConfig
 from snapshotter.errors import IntegrityError, StoreError
+from snapshotter.host_arena import HostArena, arena_bytes
 from snapshotter.leases import LeaseKeeper
 from snapshotter.load_plan import ChunkWork, LoadPlan, plan_load, tensor_view
 from snapshotter.loader_ram import keep, place_held
@@ -78,6 +79,8 @@ class LoadReport:
     setup_s: float  # resolve, manifest, plan, buffer allocation
     wall_s: float  # whole call
     ram_tier_bytes: int = 0  # tensor bytes mapped from the host-RAM tier (then chunks == 0)
+    prefaulted_bytes: int = 0  # buffer bytes carved from prewarmed host memory
+    arena_bytes: int = 0  # prewarmed host memory this load's buffers would need
     ram_tier_insert_s: float = 0.0  # copying a fresh load into the RAM tier
 
     @property
@@ -144,6 +147,7 @@ class Snapshotter:
         self.source = source or ChunkSource(registry, cache)
         self.ram_tier = ram_tier
         self._staging: dict[str, StagingPool] = {}
+        self._arena: HostArena | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Snapshotter:
@@ -210,11 +214,21 @@ class Snapshotter:
             raise type(exc)(f"{ref}: {exc}") from exc
         return bytes(out)
 
-    def prewarm(self, device: str | torch.device) -> None:
-        """Allocate the pinned staging pool for a CUDA device ahead of a load."""
+    def prewarm(self, device: str | torch.device, host_bytes: int = 0) -> None:
+        """Ahead of a load: allocate the pinned staging pool for a CUDA device; for the
+        CPU, populate ``host_bytes`` of memory that the next loads' buffers are carved
+        from (``snapshotter.host_arena``), so they pay no page faults."""
         dev = _check_device(torch.device(device))
         if dev.type == "cuda":
             self._staging_pool(dev)
+        elif host_bytes > 0 and self._arena is None:
+            self._arena = HostArena(host_bytes)
+
+    def give_back_host_memory(self) -> int:
+        """Hand the prewarmed host memory no load used back to the kernel (once the
+        loads of a start are done); the bytes given back."""
+        arena, self._arena = self._arena, None
+        return arena.give_back_rest() if arena is not None else 0
 
     def load(
         self, ref: str | Reference, device: str | torch.device = "cpu", *, use_profile: bool = True
@@ -228,7 +242,7 @@ class Snapshotter:
             return held
         plan = self._plan(digest, manifest, use_profile)
         with self._lease(str(ref), digest, plan):
-            buffers = [torch.empty(f.data_bytes, dtype=torch.uint8, device=dev) for f in plan.files]
+            buffers, prefaulted = self._buffers(plan, dev)
             setup_s = time.perf_counter() - start
             try:
                 totals = self._run(plan, buffers, dev)
@@ -240,7 +254,12 @@ class Snapshotter:
         tensors = _views(plan, buffers)
         tensors.manifest_digest = digest
         tensors.report = _report(str(ref), digest, dev, plan, totals, setup_s, start)
-        tensors.report = replace(tensors.report, ram_tier_insert_s=insert_s)
+        tensors.report = replace(
+            tensors.report,
+            ram_tier_insert_s=insert_s,
+            prefaulted_bytes=prefaulted,
+            arena_bytes=arena_bytes([f.data_bytes for f in plan.files]),
+        )
         return tensors
 
     @contextlib.contextmanager
@@ -297,6 +316,21 @@ class Snapshotter:
 
         tensors = self.load(ref, device)
         return fill_module(module, tensors, torch.device(device), strict=strict)
+
+    def _buffers(self, plan: LoadPlan, dev: torch.device) -> tuple[list[torch.Tensor], int]:
+        """A buffer per file, from the prewarmed host memory where it fits, else new;
+        and the bytes that came from the prewarmed memory."""
+        buffers, carved_bytes = [], 0
+        for f in plan.files:
+            carved = self._arena.take(f.data_bytes) if dev.type == "cpu" and self._arena else None
+            if carved is not None:
+                carved_bytes += f.data_bytes
+            buffers.append(
+                carved
+                if carved is not None
+                else torch.empty(f.data_bytes, dtype=torch.uint8, device=dev)
+            )
+        return buffers, carved_bytes
 
     def _run(self, plan: LoadPlan, buffers: list[torch.Tensor], dev: torch.device) -> StageTotals:
         if dev.type == "cpu":

@@ -170,9 +170,13 @@ class WeightLoader:
         if cache is not None:
             cache.refresh()
 
-    def prewarm(self, device: str) -> None:
-        """Allocate the staging buffers for ``device`` now (CUDA; nothing on the CPU)."""
-        self.snapshotter.prewarm(device)
+    def prewarm(self, device: str, host_bytes: int = 0) -> None:
+        """Allocate the staging buffers for ``device`` now: pinned ones for CUDA,
+        ``host_bytes`` of populated memory for the CPU (``Snapshotter.prewarm``)."""
+        self.snapshotter.prewarm(device, host_bytes)
+
+    def give_back_host_memory(self) -> int:
+        return self.snapshotter.give_back_host_memory()
 
     def load(self, digest: str, device: str) -> LoadedWeights:
         """Every tensor of the manifest on ``device``, with fetch and to-device times."""
@@ -192,6 +196,8 @@ def load_stats(report: Any) -> LoadStats:
         cache_hits=report.cache_hits,
         store_gets=report.store_gets,
         seconds=max(0.0, report.wall_s - report.setup_s),
+        prefaulted_bytes=report.prefaulted_bytes,
+        arena_bytes=0 if report.ram_tier_bytes else report.arena_bytes,
     )
 
 

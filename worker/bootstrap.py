@@ -108,6 +108,8 @@ def build_agent(settings: Settings) -> Agent:
         store=config.store,
         preload=preload_modules(settings),
         zygote=settings.worker_pool_zygote,
+        host_bytes_max=settings.worker_pool_host_bytes_max,
+        refill_delay_s=settings.worker_pool_refill_delay_s,
     )
     runtime = RoutedRuntime(ProcessRuntime(pool), lambda: _docker_runtime(settings, config))
     client = ControlPlaneClient(config.server_url, config.api_key)

@@ -108,6 +108,9 @@ class Prepare(BaseModel):
 
     type: Literal["prepare"] = "prepare"
     store: StoreSpec
+    # CPU: host memory to populate now for the next start's weights (its worker's
+    # guess from its last start); 0: none (``snapshotter.host_arena``).
+    host_bytes: int = Field(default=0, ge=0)
 
 
 class Shutdown(BaseModel):
@@ -139,6 +142,8 @@ class LoadStats(BaseModel):
     cache_hits: int = 0
     store_gets: int = 0
     seconds: float = 0.0
+    prefaulted_bytes: int = 0  # buffers carved from memory the pooled process populated
+    arena_bytes: int = 0  # populated memory the buffers would need (outside the RAM tier)
 
 
 class Ready(BaseModel):

@@ -30,10 +30,20 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Protocol
 
-from worker.child_protocol import FROM_CHILD, Hello, Prepare, Prepared, SetupFailed, StoreSpec, dump
+from worker.child_protocol import (
+    FROM_CHILD,
+    Hello,
+    LoadStats,
+    Prepare,
+    Prepared,
+    SetupFailed,
+    StoreSpec,
+    dump,
+)
 from worker.frames import FrameError, FrameSocket
 from worker.zygote import Zygote, ZygoteError
 
@@ -139,10 +149,14 @@ def _greeted(
 
 
 def prepare_loader(
-    process: GenericProcess, store: StoreSpec, timeout_s: float = HELLO_TIMEOUT_S
+    process: GenericProcess,
+    store: StoreSpec,
+    host_bytes: int = 0,
+    timeout_s: float = HELLO_TIMEOUT_S,
 ) -> None:
-    """Have a generic process build its weight loader now; raise ``SpawnError`` if it cannot."""
-    process.conn.send(dump(Prepare(store=store)))
+    """Have a generic process build its weight loader (and populate ``host_bytes`` of
+    memory for its weights) now; raise ``SpawnError`` if it cannot."""
+    process.conn.send(dump(Prepare(store=store, host_bytes=host_bytes)))
     process.conn.sock.settimeout(timeout_s)
     try:
         msg = FROM_CHILD.validate_python(process.conn.recv())
@@ -179,6 +193,10 @@ class ProcessPool:
     ``store``: what pooled processes prepare their loader for (None: they
     do not). ``preload``: modules every generic process imports at start.
     ``zygote``: fork generic processes from a zygote instead of spawning them.
+    ``host_bytes_max``: the most host memory a pooled CPU process populates for
+    its start's weights; it populates what the last CPU start loaded (0: off).
+    ``refill_delay_s``: how long after a start the pool refills, so the refill
+    does not compete with the replica's first call for the CPUs.
     """
 
     def __init__(
@@ -189,12 +207,17 @@ class ProcessPool:
         store: StoreSpec | None = None,
         preload: tuple[str, ...] = (),
         zygote: bool = False,
+        host_bytes_max: int = 0,
+        refill_delay_s: float = 0.0,
     ) -> None:
         self.warm_size = warm_size
         self.log = log
         self.store = store
         self.preload = preload
         self.use_zygote = zygote
+        self.host_bytes_max = host_bytes_max
+        self.refill_delay_s = refill_delay_s
+        self._host_bytes = 0  # what the last CPU start loaded outside the RAM tier
         self._zygote: Zygote | None = None
         self._zygote_failed = False  # it could not start: spawn afresh from now on
         self._zygote_lock = threading.Lock()
@@ -286,19 +309,28 @@ class ProcessPool:
                 self._zygote, self._zygote_failed = None, True
             return self._zygote
 
+    def note_loads(self, device: str, loads: Sequence[LoadStats]) -> None:
+        """A start on ``device`` loaded ``loads``: the next pooled CPU processes
+        populate that much host memory for their own start's buffers."""
+        if device == "cpu":
+            self._host_bytes = min(sum(load.arena_bytes for load in loads), self.host_bytes_max)
+
     def _spawn_prepared(self, device: str) -> GenericProcess:
         proc = self._spawn(device)
         if self.store is not None:
+            host_bytes = self._host_bytes if device == "cpu" else 0
             try:
-                prepare_loader(proc, self.store)
+                prepare_loader(proc, self.store, host_bytes)
             except BaseException:
                 proc.kill()
                 raise
         return proc
 
     def refill_later(self, device: str) -> None:
-        """Fill the pool for ``device`` again, in the background."""
-        threading.Thread(target=self._refill, args=(device,), daemon=True).start()
+        """Fill the pool for ``device`` again, in the background, ``refill_delay_s`` from now."""
+        timer = threading.Timer(self.refill_delay_s, self._refill, args=(device,))
+        timer.daemon = True
+        timer.start()
 
     def _refill(self, device: str) -> None:
         try:

@@ -134,7 +134,7 @@ class ChildServer:
         t0 = time.perf_counter()
         try:
             loader = WeightLoader(open_registry(msg.store), msg.store)
-            loader.prewarm(self.device)
+            loader.prewarm(self.device, msg.host_bytes)
         except Exception as exc:
             self.conn.send(dump(SetupFailed(error=format_error(exc))))
             return
@@ -156,6 +156,9 @@ class ChildServer:
         except SpecializeError as exc:
             self.conn.send(dump(SetupFailed(error=str(exc), phases_ms=exc.phases_ms)))
             return
+        finally:
+            if self.loader is not None:  # what the start's loads did not use
+                self.loader.give_back_host_memory()
         ready = Ready(phases_ms=self.replica.phases_ms, loads=self.replica.loads)
         self.conn.send(dump(ready))
 

@@ -149,3 +149,29 @@ def test_a_replica_started_again_reads_its_weights_from_the_ram_tier(
     assert second.ram_bytes == second.tensor_bytes > 0  # the same worker again: RAM only
     assert second.cache_hits == 0 and second.cache_bytes == 0
     assert second.store_gets == 0 and second.store_bytes == 0
+
+
+def test_a_refilled_process_populates_host_memory_for_the_last_starts_weights(
+    tmp_path: Path, llama_dir: Path
+) -> None:
+    registry = Registry(LocalStore(tmp_path / "store"))
+    model = push_directory(llama_dir, "llama:v1", registry).digest
+    spec = model_spec("r1", tmp_path / "store", model, tmp_path)
+    spec.store = spec.store.model_copy(update={"ram_tier_max_bytes": 0}) if spec.store else None
+    pool = ProcessPool(warm_size=1, store=spec.store, host_bytes_max=1 << 30)
+    runtime = ProcessRuntime(pool)
+    try:
+        runtime.prewarm_device("cpu")
+        first = runtime.start(spec, lambda *_: None)
+        [first_load] = first.loads
+        assert first_load.prefaulted_bytes == 0  # the pool knew of no load yet
+        first.stop()
+        deadline = time.monotonic() + 60
+        while pool.size() < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        second = runtime.start(spec.model_copy(update={"replica_id": "r2"}), lambda *_: None)
+        [second_load] = second.loads
+        assert second_load.prefaulted_bytes == second_load.tensor_bytes > 0
+        second.stop()
+    finally:
+        runtime.close()

@@ -68,6 +68,7 @@ class ProcessRuntime(Runtime):
         replica = ProcessReplica(spec.replica_id, generic, on_exit)
         try:
             replica.specialize(spec, phases)
+            self.pool.note_loads(spec.device, replica.loads)
         finally:
             if warm:  # refilled once this start no longer needs the CPU
                 self.pool.refill_later(spec.device)
