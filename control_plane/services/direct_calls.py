@@ -73,12 +73,17 @@ def claim(
     done = route_one(session, metrics, fn, call, views, now)
     if not isinstance(done, Dispatched):
         return None
+    return claim_of(session, fn.name, call, done)
+
+
+def claim_of(session: Session, function: str, call: Call, done: Dispatched) -> Claim:
+    """The claim for ``call`` as ``route_one`` dispatched it: what sending it needs."""
     worker = session.get(Worker, done.replica.worker_id)
     addr = worker.data_addr if worker is not None else None
     token = worker.data_token if worker is not None else None
     return Claim(
         call.id,
-        fn.name,
+        function,
         done.replica.worker_id,
         done.message,
         call.deadline_at,

@@ -35,6 +35,7 @@ from control_plane.protocol import ReplicaEvent, RunCall, StartReplica, StopRepl
 from control_plane.services import (
     calls,
     canary,
+    direct_calls,
     dispatching,
     functions,
     replicas,
@@ -44,6 +45,8 @@ from control_plane.services import (
 )
 from control_plane.services.autoscaler import ScaleState
 from control_plane.services.context import Services
+from control_plane.services.direct_calls import Claim
+from control_plane.services.direct_runner import DirectRunner
 from control_plane.services.functions import ActiveVersion
 from control_plane.services.router import ReplicaView
 from control_plane.services.scheduler import ReplicaRequest, place
@@ -59,6 +62,7 @@ class Outbox:
     starts: list[tuple[str, StartReplica]] = field(default_factory=list)
     stops: list[tuple[str, StopReplica]] = field(default_factory=list)
     runs: list[tuple[str, RunCall]] = field(default_factory=list)
+    direct_runs: list[Claim] = field(default_factory=list)  # over the worker's direct port
     touched_calls: list[str] = field(default_factory=list)
 
 
@@ -68,6 +72,7 @@ class Reconciler:
         # A restarted control plane has heard no heartbeat yet: workers that kept
         # running must not be taken for lost before they had time to send one.
         self._started_at = services.clock()
+        self.direct = DirectRunner(services, self.kick, self.send_run)
 
     # --- entry points ---------------------------------------------------------
     def kick(self, function: str) -> None:
@@ -155,7 +160,10 @@ class Reconciler:
             probed = done.replica.worker_id
             if breakers.get(probed) == "half_open":  # one probe call, then wait for it
                 views = {k: v for k, v in views.items() if worker_of.get(k) != probed}
-            box.runs.append((done.replica.worker_id, done.message))
+            if self.direct.enabled and not call.stream:
+                box.direct_runs.append(direct_calls.claim_of(session, fn.name, call, done))
+            else:
+                box.runs.append((done.replica.worker_id, done.message))
             box.touched_calls.append(call.id)
 
     def _scale(self, session: Session, fn: ActiveVersion, now: float, box: Outbox) -> None:
@@ -274,7 +282,9 @@ class Reconciler:
                 self._fail_replica(start.replica_id)
         for worker_id, stop in box.stops:
             _try(d.stop_replica, worker_id, stop)
-        for worker_id, run in box.runs:
+        # A routed call goes over the worker's direct port when it can, else its queue.
+        not_direct = [(c.worker_id, c.message) for c in box.direct_runs if not self.direct.start(c)]
+        for worker_id, run in box.runs + not_direct:
             if not _try(d.run_call, worker_id, run):
                 self._requeue(run.call_id)
         for call_id in box.touched_calls:

@@ -85,6 +85,9 @@ def check_cold_then_warm(stack: Stack, store: E2EStore) -> None:
     out = body["output"]
     assert out["input"] == {"x": 1} and out["adapter"] == "a0" and out["adapters"] == ["a0"]
     assert out["tensors"] > 0 and out["hidden"] == 64
+    # The cold call waited for its replica, then ran over the worker's direct port
+    # (services.direct_runner), not through the broker.
+    assert direct_calls(stack, "probe", "ran") == 1, stack.logs()
     warm = invoke(stack, "probe", {"input": {"x": 2}})
     assert warm.status_code == 200, warm.text
     assert warm.headers["X-Thaw-Cold"] == "false"
@@ -93,7 +96,7 @@ def check_cold_then_warm(stack: Stack, store: E2EStore) -> None:
     assert timings["queue_wait"] >= 0 and timings["total"] >= timings["execution"] > 0
     # The warm call found a ready replica with room: it ran over the worker's direct
     # port, not through the broker (services.direct_calls).
-    assert direct_calls(stack, "probe", "ran") >= 1, stack.logs()
+    assert direct_calls(stack, "probe", "ran") == 2, stack.logs()
 
 
 def direct_calls(stack: Stack, function: str, outcome: str) -> float:

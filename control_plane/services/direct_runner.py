@@ -1,0 +1,131 @@
+"""Running dispatched calls over workers' direct ports, and recording their events.
+
+Two kinds of call take this path (``control_plane.dispatch.direct``):
+
+- a warm synchronous call, claimed as it is accepted
+  (``services.direct_calls``), run by the request's own thread;
+- a call that waited for a replica and was just routed to it by the
+  reconciler, run by a thread of its own (``start``), so the first call after
+  a cold start does not wait for a broker hop and HTTP event posts.
+
+A call whose worker has no direct port, or whose port cannot be reached, goes
+through the worker's queue (and back to the call queue if that fails too). A
+call that was sent but whose end did not come back on the connection is left
+to the worker's HTTP report or to lost-worker handling (the caller waits on
+the database).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from control_plane.dispatch.direct import DirectLostError, DirectUnavailableError
+from control_plane.errors import ConflictError
+from control_plane.protocol import CallEvent, RunCall
+from control_plane.services import batching, calls, direct_calls, dispatching
+from control_plane.services.call_spans import call_spans
+from control_plane.services.context import Services
+from control_plane.services.direct_calls import Claim
+
+log = logging.getLogger(__name__)
+
+# Background runs (routed calls) at once; beyond this a routed call takes the queue.
+MAX_BACKGROUND_RUNS = 64
+
+
+class DirectRunner:
+    def __init__(
+        self,
+        services: Services,
+        kick: Callable[[str], None],
+        send_queued: Callable[[str, RunCall], bool],
+    ) -> None:
+        self.s = services
+        self._kick = kick  # reconcile a function (a slot freed, a call requeued)
+        self._send_queued = send_queued  # through the worker's queue
+        # Fast-path routing decisions and the recording of their ends take turns
+        # in this process, so two callers do not both count the same free slot.
+        self.lock = threading.Lock()
+        self._background = threading.BoundedSemaphore(MAX_BACKGROUND_RUNS)
+
+    @property
+    def enabled(self) -> bool:
+        return self.s.direct is not None
+
+    def start(self, claim: Claim) -> bool:
+        """Run ``claim`` on a thread of its own; False (nothing done) when there is no
+        direct port to run it on or too many run already: send it through the queue."""
+        if not self._has_port(claim) or not self._background.acquire(blocking=False):
+            return False
+
+        def run() -> None:
+            try:
+                self.run(claim, record_started=True)
+            finally:
+                self._background.release()
+
+        threading.Thread(target=run, name=f"thaw-direct-{claim.call_id}", daemon=True).start()
+        return True
+
+    def run(self, claim: Claim, *, record_started: bool = False) -> None:
+        """Send ``claim`` and record its events until the final one (blocking).
+        ``record_started``: mark the call running when it starts (whoever polls it
+        sees ``running``); a caller that waits for the end anyway need not."""
+        if not self._has_port(claim):
+            if not self._send_queued(claim.worker_id, claim.message):
+                self._requeue(claim)
+            return
+        assert self.s.direct is not None and claim.data_addr and claim.data_token
+        timeout_s = claim.deadline_at - self.s.clock()
+        outcome = "ran"
+        try:
+            events = self.s.direct.run(claim.data_addr, claim.data_token, claim.message, timeout_s)
+            for ev in events:
+                # Dispatched and running count alike as in flight.
+                if ev.kind != "started" or record_started:
+                    self._record(claim, ev)
+        except DirectUnavailableError as exc:
+            log.warning(
+                "direct port unavailable, sending call %s through the queue: %s", claim.call_id, exc
+            )
+            outcome = "unavailable"
+            if not self._send_queued(claim.worker_id, claim.message):
+                self._requeue(claim)
+        except DirectLostError as exc:
+            log.info("%s; waiting for the worker's report", exc)
+            outcome = "lost"
+        self.s.metrics.direct_calls.labels(claim.function, outcome).inc()
+
+    def trace_final(self, call_id: str) -> None:
+        """Emit the spans of a call that ended, when tracing is on."""
+        if not self.s.tracing.enabled:
+            return
+        with self.s.db.session() as session:
+            view = calls.get(session, call_id)
+        self.s.tracing.emit(call_spans(view))
+
+    def _has_port(self, claim: Claim) -> bool:
+        return self.s.direct is not None and bool(claim.data_addr and claim.data_token)
+
+    def _record(self, claim: Claim, ev: CallEvent) -> None:
+        with self.lock, self.s.db.session() as session:
+            try:
+                calls.record_event(session, self.s.metrics, self.s.clock(), claim.call_id, ev)
+            except ConflictError:
+                return  # ended meanwhile (cancelled, deadline): the first end stands
+            batching.observe(session, self.s.metrics, claim.function, ev)
+            kick = ev.kind not in ("started", "output") and direct_calls.has_queued(
+                session, claim.function
+            )
+        self.s.notifier.notify(claim.call_id)
+        if kick:
+            self._kick(claim.function)
+        if ev.kind not in ("started", "output"):
+            self.trace_final(claim.call_id)
+
+    def _requeue(self, claim: Claim) -> None:
+        with self.s.db.session() as session:
+            dispatching.requeue(session, claim.call_id)
+        self._kick(claim.function)
