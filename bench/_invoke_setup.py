@@ -36,7 +36,7 @@ PRODUCTION_ENV = {
     "THAW_WORKER_LOST_AFTER_HEARTBEATS": "3",
     "THAW_RECONCILE_INTERVAL_S": "0.5",
     "THAW_RESULT_POLL_INTERVAL_S": "0.25",
-    "THAW_BROKER_POLL_INTERVAL_S": "0.05",
+    "THAW_BROKER_POLL_INTERVAL_S": "0.02",
 }
 
 # The function under test: returns its input. The bench also imports this very

@@ -22,7 +22,7 @@
 | gc_grace_s                 | THAW_GC_GRACE_S              | 3600 (`thaw gc` keeps younger objects) |
 | database_url               | THAW_DATABASE_URL            | sqlite:///<home>/thaw.db |
 | broker_url                 | THAW_BROKER_URL              | filesystem:// under <home>/broker |
-| broker_poll_interval_s     | THAW_BROKER_POLL_INTERVAL_S  | 0.05 (filesystem broker) |
+| broker_poll_interval_s     | THAW_BROKER_POLL_INTERVAL_S  | 0.02 (filesystem broker: how often a worker looks for messages) |
 | server_url                 | THAW_SERVER_URL              | http://127.0.0.1:8420 |
 | api_key                    | THAW_API_KEY                 | (none; CLI and worker key) |
 | server_host                | THAW_SERVER_HOST             | 127.0.0.1            |
@@ -107,7 +107,7 @@ class Settings(BaseSettings):
     # --- control plane (see control_plane/) ---
     database_url: str | None = None
     broker_url: str | None = None
-    broker_poll_interval_s: float = 0.05
+    broker_poll_interval_s: float = 0.02
     server_url: str = "http://127.0.0.1:8420"
     api_key: str | None = None
     server_host: str = "127.0.0.1"
