@@ -270,13 +270,20 @@ def finalize(
     where = [Call.id == call_id, Call.status.in_(from_states)]
     if attempt is not None:
         where.append(Call.attempt == attempt)
-    result = session.execute(
-        update(Call).where(*where).values(**values).execution_options(synchronize_session=False)
-    )
-    won = bool(result.rowcount == 1)  # type: ignore[attr-defined]
-    if won:
-        _complete_books(session, metrics, now, call_id, status, adapter_hit)
-    return won
+    ended = session.execute(
+        update(Call)
+        .where(*where)
+        .values(**values)
+        .returning(Call.function, Call.accepted_at, Call.cold, Call.adapter, Call.timings_json)
+        .execution_options(synchronize_session=False)
+    ).one_or_none()
+    if ended is None:
+        return False
+    loaded = session.identity_map.get(session.identity_key(Call, call_id))
+    if loaded is not None:  # this session's copy is stale now: read it again if used
+        session.expire(loaded)
+    _complete_books(session, metrics, now, call_id, status, adapter_hit, Ended(*ended))
+    return True
 
 
 def end_at_deadline(session: Session, metrics: Metrics | None, now: float, call_id: str) -> bool:
@@ -293,6 +300,17 @@ def end_at_deadline(session: Session, metrics: Metrics | None, now: float, call_
     return finalize(session, metrics, now, call_id, "timeout", error="the call's deadline passed")
 
 
+@dataclass(frozen=True)
+class Ended:
+    """What ``finalize``'s UPDATE returned of the call it ended."""
+
+    function: str
+    accepted_at: float
+    cold: bool
+    adapter: str | None
+    timings_json: str
+
+
 def _complete_books(
     session: Session,
     metrics: Metrics | None,
@@ -300,21 +318,27 @@ def _complete_books(
     call_id: str,
     status: str,
     adapter_hit: bool | None,
+    ended: Ended,
 ) -> None:
-    row = session.get(Call, call_id)
-    if row is None:
-        return
-    session.refresh(row)
-    timings = json.loads(row.timings_json)
-    timings.setdefault("total", max(0.0, now - row.accepted_at) * 1000)
-    row.timings_json = json.dumps(timings)
-    replica = session.get(Replica, row.replica_id) if row.replica_id else None
-    coldstart.complete_cold_call(metrics, row, replica)
-    session.flush()
-    coldstart.observe_call(metrics, row, adapter_hit)
+    timings = json.loads(ended.timings_json)
+    if "total" not in timings:
+        timings["total"] = max(0.0, now - ended.accepted_at) * 1000
+        session.execute(
+            update(Call)
+            .where(Call.id == call_id)
+            .values(timings_json=json.dumps(timings))
+            .execution_options(synchronize_session=False)
+        )
+    if ended.cold:  # the first output phase, on the call and on its replica's first call
+        row = session.get(Call, call_id)
+        replica = session.get(Replica, row.replica_id) if row and row.replica_id else None
+        if row is not None:
+            coldstart.complete_cold_call(metrics, row, replica)
+            session.flush()
+    coldstart.observe_call(metrics, ended.function, ended.cold, timings, ended.adapter, adapter_hit)
     if metrics is not None:
-        metrics.call_latency_s.labels(row.function, str(row.cold).lower(), status).observe(
-            max(0.0, now - row.accepted_at)
+        metrics.call_latency_s.labels(ended.function, str(ended.cold).lower(), status).observe(
+            max(0.0, now - ended.accepted_at)
         )
 
 

@@ -73,13 +73,20 @@ def observe_start(metrics: Metrics | None, row: Replica) -> None:
         metrics.cold_start_phase_s.labels(row.function, phase).observe(max(0.0, ms) / 1000)
 
 
-def observe_call(metrics: Metrics | None, call: Call, adapter_hit: bool | None) -> None:
+def observe_call(
+    metrics: Metrics | None,
+    function: str,
+    cold: bool,
+    timings_ms: dict[str, float],
+    adapter: str | None,
+    adapter_hit: bool | None,
+) -> None:
     """Observe a finished call's timings, and its adapter hit or miss when reported."""
     if metrics is None:
         return
-    cold = str(call.cold).lower()
-    for timing, ms in json.loads(call.timings_json).items():
-        metrics.call_timing_s.labels(call.function, timing, cold).observe(max(0.0, ms) / 1000)
-    if adapter_hit is not None and call.adapter is not None:
+    label = str(cold).lower()
+    for timing, ms in timings_ms.items():
+        metrics.call_timing_s.labels(function, timing, label).observe(max(0.0, ms) / 1000)
+    if adapter_hit is not None and adapter is not None:
         counter = metrics.adapter_hits if adapter_hit else metrics.adapter_misses
-        counter.labels(call.function).inc()
+        counter.labels(function).inc()
