@@ -67,11 +67,12 @@ def _function(session: Session, name: str) -> Function:
 
 def serving(session: Session, name: str) -> list[ActiveVersion]:
     """The versions that take calls: the active one, then the canary if any."""
-    active = functions.active(session, name)
-    canary = state(session, _function(session, name))
+    fn = _function(session, name)
+    active = functions.active_of(session, fn)
+    canary = state(session, fn)
     if canary is None or canary.version == active.version:
         return [active]
-    return [active, functions.version_of(session, _function(session, name), canary.version)]
+    return [active, functions.version_of(session, fn, canary.version)]
 
 
 def requeue_to_serving(session: Session, versions: list[ActiveVersion]) -> int:
@@ -95,8 +96,8 @@ def for_call(
     session: Session, name: str, draw: Callable[[], float] = random.random
 ) -> ActiveVersion:
     """The version a new call of ``name`` is accepted on. Raises ``NotFoundError``."""
-    active = functions.active(session, name)
     fn = _function(session, name)
+    active = functions.active_of(session, fn)
     chosen = pick_version(active.version, state(session, fn), draw())
     return active if chosen == active.version else functions.version_of(session, fn, chosen)
 

@@ -17,6 +17,7 @@ from typing import Literal
 
 from sqlalchemy import update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from control_plane.db.models import Call, Replica
 from control_plane.metrics import Metrics
@@ -65,22 +66,27 @@ def mark_dispatched(
     cold = replica.ready_at is not None and replica.ready_at >= call.accepted_at
     phases = coldstart.replica_phases(replica) if cold else {}
     timings = {**json.loads(call.timings_json), "queue_wait": (now - call.accepted_at) * 1000}
+    values = {
+        "status": "dispatched",
+        "replica_id": replica.id,
+        "version": fn.version,
+        "dispatched_at": now,
+        "cold": cold,
+        "phases_json": json.dumps(phases),
+        "timings_json": json.dumps(timings),
+    }
     result = session.execute(
         update(Call)
         .where(Call.id == call.id, Call.status == "queued")
-        .values(
-            status="dispatched",
-            replica_id=replica.id,
-            version=fn.version,
-            dispatched_at=now,
-            cold=cold,
-            phases_json=json.dumps(phases),
-            timings_json=json.dumps(timings),
-        )
+        .values(**values)
         .execution_options(synchronize_session=False)
     )
-    session.refresh(call)
-    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        session.expire(call)  # someone else moved it: read it again if used
+        return False
+    for name, value in values.items():  # the session's copy, as written (no re-read)
+        set_committed_value(call, name, value)
+    return True
 
 
 def run_message(call: Call, replica: Replica, fn: ActiveVersion) -> RunCall:

@@ -172,9 +172,13 @@ def _version_row(session: Session, fn: Function, version: int) -> FunctionVersio
 
 def active(session: Session, name: str) -> ActiveVersion:
     """The live version of ``name``. Raises ``NotFoundError``."""
-    fn = _get(session, name)
+    return active_of(session, _get(session, name))
+
+
+def active_of(session: Session, fn: Function) -> ActiveVersion:
+    """The live version of ``fn``. Raises ``NotFoundError``."""
     if fn.active_version is None:
-        raise NotFoundError(f"function {name} has no active version; deploy it")
+        raise NotFoundError(f"function {fn.name} has no active version; deploy it")
     return version_of(session, fn, fn.active_version)
 
 
