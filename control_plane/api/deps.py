@@ -15,12 +15,14 @@ from control_plane.services.keys import Principal
 bearer = HTTPBearer(auto_error=False, description="an API key: thaw_<id>_<secret>")
 
 
-def get_services(request: Request) -> Services:
+# ``async``: FastAPI runs a plain ``def`` dependency on its thread pool, a hop per
+# dependency per request; these only read the app's state.
+async def get_services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
 
 
-def get_invocations(request: Request) -> Invocations:
+async def get_invocations(request: Request) -> Invocations:
     inv: Invocations = request.app.state.invocations
     return inv
 

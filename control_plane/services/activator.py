@@ -45,11 +45,13 @@ class Activator:
         timeout_s = max(0.0, min(self.s.settings.result_poll_interval_s, remaining_s))
         return self.s.notifier.wait(call_id, seen, timeout_s)
 
-    def wait_final(self, call_id: str) -> CallView:
-        """The call once final. Raises ``DeadlineExceededError`` at its deadline."""
+    def wait_final(self, call_id: str, known: CallView | None = None) -> CallView:
+        """The call once final. Raises ``DeadlineExceededError`` at its deadline.
+        ``known``: the call as its caller just read it (a final one is not read again)."""
         seen = 0
         while True:
-            view = self._read(call_id)
+            view = known if known is not None else self._read(call_id)
+            known = None
             if view.status in DEADLINE_CALL_STATES:
                 # Ended by the reconcile loop's expiry or the worker: same answer.
                 raise self._deadline_error(view)

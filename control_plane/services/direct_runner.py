@@ -23,9 +23,10 @@ from collections.abc import Callable
 
 from control_plane.dispatch.direct import DirectLostError, DirectUnavailableError
 from control_plane.errors import ConflictError
-from control_plane.protocol import CallEvent, RunCall
+from control_plane.protocol import FINAL_CALL_EVENTS, CallEvent, RunCall
 from control_plane.services import batching, calls, direct_calls, dispatching
 from control_plane.services.call_spans import call_spans
+from control_plane.services.calls import CallView
 from control_plane.services.context import Services
 from control_plane.services.direct_calls import Claim
 
@@ -69,34 +70,40 @@ class DirectRunner:
         threading.Thread(target=run, name=f"thaw-direct-{claim.call_id}", daemon=True).start()
         return True
 
-    def run(self, claim: Claim, *, record_started: bool = False) -> None:
-        """Send ``claim`` and record its events until the final one (blocking).
+    def run(self, claim: Claim, *, record_started: bool = False) -> CallView | None:
+        """Send ``claim`` and record its events until the final one (blocking); the
+        call as its final event left it, or None when this did not end it.
         ``record_started``: mark the call running when it starts (whoever polls it
         sees ``running``); a caller that waits for the end anyway need not."""
         if not self._has_port(claim):
             if not self._send_queued(claim.worker_id, claim.message):
                 self._requeue(claim)
-            return
+            return None
         assert self.s.direct is not None and claim.data_addr and claim.data_token
         timeout_s = claim.deadline_at - self.s.clock()
-        outcome = "ran"
+        counter = self.s.metrics.direct_calls
+        ended, final = False, None
         try:
             events = self.s.direct.run(claim.data_addr, claim.data_token, claim.message, timeout_s)
             for ev in events:
+                if ev.kind in FINAL_CALL_EVENTS:  # counted before its caller is woken
+                    ended = True
+                    counter.labels(claim.function, "ran").inc()
                 # Dispatched and running count alike as in flight.
                 if ev.kind != "started" or record_started:
-                    self._record(claim, ev)
+                    final = self._record(claim, ev) or final
         except DirectUnavailableError as exc:
             log.warning(
                 "direct port unavailable, sending call %s through the queue: %s", claim.call_id, exc
             )
-            outcome = "unavailable"
+            counter.labels(claim.function, "unavailable").inc()
             if not self._send_queued(claim.worker_id, claim.message):
                 self._requeue(claim)
         except DirectLostError as exc:
             log.info("%s; waiting for the worker's report", exc)
-            outcome = "lost"
-        self.s.metrics.direct_calls.labels(claim.function, outcome).inc()
+            if not ended:
+                counter.labels(claim.function, "lost").inc()
+        return final
 
     def trace_final(self, call_id: str) -> None:
         """Emit the spans of a call that ended, when tracing is on."""
@@ -109,21 +116,23 @@ class DirectRunner:
     def _has_port(self, claim: Claim) -> bool:
         return self.s.direct is not None and bool(claim.data_addr and claim.data_token)
 
-    def _record(self, claim: Claim, ev: CallEvent) -> None:
+    def _record(self, claim: Claim, ev: CallEvent) -> CallView | None:
+        """Record one event; the call as it ended when the event ended it."""
+        final = ev.kind in FINAL_CALL_EVENTS
         with self.lock, self.s.db.session() as session:
             try:
                 calls.record_event(session, self.s.metrics, self.s.clock(), claim.call_id, ev)
             except ConflictError:
-                return  # ended meanwhile (cancelled, deadline): the first end stands
+                return None  # ended meanwhile (cancelled, deadline): the first end stands
             batching.observe(session, self.s.metrics, claim.function, ev)
-            kick = ev.kind not in ("started", "output") and direct_calls.has_queued(
-                session, claim.function
-            )
+            kick = final and direct_calls.has_queued(session, claim.function)
+            view = calls.get(session, claim.call_id) if final else None
         self.s.notifier.notify(claim.call_id)
         if kick:
             self._kick(claim.function)
-        if ev.kind not in ("started", "output"):
+        if final:
             self.trace_final(claim.call_id)
+        return view
 
     def _requeue(self, claim: Claim) -> None:
         with self.s.db.session() as session:

@@ -59,7 +59,8 @@ class Invocations:
 
         ``direct``: the caller will wait for the end; a new call that finds a
         ready replica with room is run here, over the worker's direct port,
-        and this returns once it ended (or was handed back to the queue).
+        and this returns once it ended (the call as it ended) or was handed back
+        to the queue.
         """
         who.require("invoke", function)  # before the lookup: no existence leak
         fast = direct and self.s.direct is not None
@@ -72,7 +73,7 @@ class Invocations:
                 breakers = self._breakers.get(session, now, *self._breaker_settings)
                 claim = direct_calls.claim(session, self.s.metrics, fn, view.id, now, breakers)
         if claim is not None:
-            self.direct.run(claim)
+            view = self.direct.run(claim) or view  # the call as it ended, when it did
         elif created:
             self.reconciler.kick(function)
         return view, created

@@ -88,7 +88,7 @@ def invoke(
             media_type="text/event-stream",
             headers=headers_for(view, since),
         )
-    response = final_response(inv.activator.wait_final(view.id), since)
+    response = final_response(inv.activator.wait_final(view.id, view), since)
     inv.trace_invoke(view.id, name, start_s, response.status_code, "sync")
     return response
 
