@@ -111,6 +111,9 @@ class Prepare(BaseModel):
     # CPU: host memory to populate now for the next start's weights (its worker's
     # guess from its last start); 0: none (``snapshotter.host_arena``).
     host_bytes: int = Field(default=0, ge=0)
+    # Library modules to import now: what the worker's last start on this device
+    # imported (``worker.preimport``).
+    imports: list[str] = Field(default_factory=list)
 
 
 class Shutdown(BaseModel):
@@ -150,6 +153,9 @@ class Ready(BaseModel):
     type: Literal["ready"] = "ready"
     phases_ms: dict[str, float]
     loads: list[LoadStats] = Field(default_factory=list)
+    # Library modules the start imported (``worker.preimport``): the next pooled
+    # process imports them while it waits.
+    imports: list[str] = Field(default_factory=list)
 
 
 class SetupFailed(BaseModel):

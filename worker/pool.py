@@ -152,11 +152,12 @@ def prepare_loader(
     process: GenericProcess,
     store: StoreSpec,
     host_bytes: int = 0,
+    imports: list[str] | None = None,
     timeout_s: float = HELLO_TIMEOUT_S,
 ) -> None:
-    """Have a generic process build its weight loader (and populate ``host_bytes`` of
-    memory for its weights) now; raise ``SpawnError`` if it cannot."""
-    process.conn.send(dump(Prepare(store=store, host_bytes=host_bytes)))
+    """Have a generic process build its weight loader, populate ``host_bytes`` of
+    memory for its weights and import ``imports`` now; raise ``SpawnError`` if it cannot."""
+    process.conn.send(dump(Prepare(store=store, host_bytes=host_bytes, imports=imports or [])))
     process.conn.sock.settimeout(timeout_s)
     try:
         msg = FROM_CHILD.validate_python(process.conn.recv())
@@ -218,6 +219,7 @@ class ProcessPool:
         self.host_bytes_max = host_bytes_max
         self.refill_delay_s = refill_delay_s
         self._host_bytes = 0  # what the last CPU start loaded outside the RAM tier
+        self._imports: dict[str, list[str]] = {}  # per device: what its last start imported
         self._zygote: Zygote | None = None
         self._zygote_failed = False  # it could not start: spawn afresh from now on
         self._zygote_lock = threading.Lock()
@@ -309,9 +311,11 @@ class ProcessPool:
                 self._zygote, self._zygote_failed = None, True
             return self._zygote
 
-    def note_loads(self, device: str, loads: Sequence[LoadStats]) -> None:
-        """A start on ``device`` loaded ``loads``: the next pooled CPU processes
-        populate that much host memory for their own start's buffers."""
+    def note_start(self, device: str, loads: Sequence[LoadStats], imports: list[str]) -> None:
+        """A start on ``device`` loaded ``loads`` and imported ``imports``: the next
+        pooled processes import those too, and CPU ones populate that much host
+        memory for their own start's buffers."""
+        self._imports[device] = list(imports)
         if device == "cpu":
             self._host_bytes = min(sum(load.arena_bytes for load in loads), self.host_bytes_max)
 
@@ -319,8 +323,9 @@ class ProcessPool:
         proc = self._spawn(device)
         if self.store is not None:
             host_bytes = self._host_bytes if device == "cpu" else 0
+            imports = self._imports.get(device, [])
             try:
-                prepare_loader(proc, self.store, host_bytes)
+                prepare_loader(proc, self.store, host_bytes, imports)
             except BaseException:
                 proc.kill()
                 raise

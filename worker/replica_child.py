@@ -129,6 +129,7 @@ class ChildServer:
         """Build the weight loader and its staging buffers before any spec arrives."""
         from worker.artifacts import WeightLoader, open_registry
         from worker.child_protocol import Prepared, SetupFailed, dump
+        from worker.preimport import import_ahead
         from worker.specialize import format_error
 
         t0 = time.perf_counter()
@@ -140,6 +141,9 @@ class ChildServer:
             return
         self.loader = loader
         phases = {"loader_prepare": (time.perf_counter() - t0) * 1000}
+        t0 = time.perf_counter()
+        import_ahead(msg.imports)
+        phases["import_ahead"] = (time.perf_counter() - t0) * 1000
         self.conn.send(dump(Prepared(phases_ms=phases)))
 
     def _specialize(self, msg: Any) -> None:
@@ -159,7 +163,9 @@ class ChildServer:
         finally:
             if self.loader is not None:  # what the start's loads did not use
                 self.loader.give_back_host_memory()
-        ready = Ready(phases_ms=self.replica.phases_ms, loads=self.replica.loads)
+        ready = Ready(
+            phases_ms=self.replica.phases_ms, loads=self.replica.loads, imports=self.replica.imports
+        )
         self.conn.send(dump(ready))
 
     def _batcher(self, max_batch_size: int, max_wait_ms: float) -> Any:

@@ -39,6 +39,7 @@ from worker.artifacts import (
     read_json_file,
 )
 from worker.child_protocol import LoadStats, ReplicaSpec, StoreSpec
+from worker.preimport import library_modules_since
 from worker.profiling import FirstCallProfile
 from worker.sdk import Adapter, Context, accepts_call_context
 
@@ -63,6 +64,7 @@ class Specialized:
     profile: FirstCallProfile | None = None
     adapters: AdapterCache | None = None  # None: no store to fetch adapters from
     loads: list[LoadStats] = field(default_factory=list)
+    imports: list[str] = field(default_factory=list)  # library modules the start imported
 
 
 def format_error(exc: BaseException) -> str:
@@ -119,11 +121,13 @@ class _Loaders:
 
 
 def _specialize(spec: ReplicaSpec, loaders: _Loaders, phases_ms: dict[str, float]) -> Specialized:
+    before = set(sys.modules)
     os.environ.update(spec.env)  # the function's declared environment, for its own code
     secrets = {n: spec.env[n] for n in spec.secret_names if n in spec.env}
     log_guard.install(secrets, spec.max_log_bytes_per_call)  # before any user code runs
     with _phase(phases_ms, "imports"):
-        cls = load_entry(code_dir(spec), spec.entry)
+        code = code_dir(spec)
+        cls = load_entry(code, spec.entry)
     ctx = Context(device=spec.device, function=spec.function, replica_id=spec.replica_id)
     profile = None
     if spec.model_digest or spec.adapters:
@@ -146,7 +150,10 @@ def _specialize(spec: ReplicaSpec, loaders: _Loaders, phases_ms: dict[str, float
             on_unload=getattr(instance, "unload_adapter", None),
         )
     takes_call = callable(instance) and accepts_call_context(instance.__call__)
-    return Specialized(instance, ctx, takes_call, phases_ms, profile, cache, loaders.loads())
+    imports = library_modules_since(before, code.resolve())
+    return Specialized(
+        instance, ctx, takes_call, phases_ms, profile, cache, loaders.loads(), imports
+    )
 
 
 def _check_entry_points(spec: ReplicaSpec, instance: Any) -> None:

@@ -151,7 +151,7 @@ def test_a_replica_started_again_reads_its_weights_from_the_ram_tier(
     assert second.store_gets == 0 and second.store_bytes == 0
 
 
-def test_a_refilled_process_populates_host_memory_for_the_last_starts_weights(
+def test_a_refilled_process_prepares_for_the_last_start_memory_and_imports(
     tmp_path: Path, llama_dir: Path
 ) -> None:
     registry = Registry(LocalStore(tmp_path / "store"))
@@ -172,6 +172,10 @@ def test_a_refilled_process_populates_host_memory_for_the_last_starts_weights(
         second = runtime.start(spec.model_copy(update={"replica_id": "r2"}), lambda *_: None)
         [second_load] = second.loads
         assert second_load.prefaulted_bytes == second_load.tensor_bytes > 0
+        # What the first start imported (its model's transformers modules among them),
+        # the refilled process imported while it waited: the second start did not.
+        assert "transformers.models.llama.modeling_llama" in first.imports
+        assert not set(first.imports) & set(second.imports)
         second.stop()
     finally:
         runtime.close()

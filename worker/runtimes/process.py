@@ -68,7 +68,7 @@ class ProcessRuntime(Runtime):
         replica = ProcessReplica(spec.replica_id, generic, on_exit)
         try:
             replica.specialize(spec, phases)
-            self.pool.note_loads(spec.device, replica.loads)
+            self.pool.note_start(spec.device, replica.loads, replica.imports)
         finally:
             if warm:  # refilled once this start no longer needs the CPU
                 self.pool.refill_later(spec.device)
@@ -90,6 +90,7 @@ class ProcessReplica(ReplicaHandle):
         self.replica_id = replica_id
         self.process = process
         self.phases_ms: dict[str, float] = {}
+        self.imports: list[str] = []  # library modules its start imported
         self._on_exit = on_exit
         self._lock = threading.Lock()
         self._calls: dict[str, queue.Queue[object]] = {}
@@ -111,6 +112,7 @@ class ProcessReplica(ReplicaHandle):
         if isinstance(msg, Ready):
             _merge(self.phases_ms, msg.phases_ms)
             self.loads = list(msg.loads)
+            self.imports = list(msg.imports)
             return
         if isinstance(msg, SetupFailed):
             _merge(self.phases_ms, msg.phases_ms)
