@@ -320,16 +320,15 @@ class Snapshotter:
     def _buffers(self, plan: LoadPlan, dev: torch.device) -> tuple[list[torch.Tensor], int]:
         """A buffer per file, from the prewarmed host memory where it fits, else new;
         and the bytes that came from the prewarmed memory."""
+        arena = self._arena if dev.type == "cpu" else None
         buffers, carved_bytes = [], 0
         for f in plan.files:
-            carved = self._arena.take(f.data_bytes) if dev.type == "cpu" and self._arena else None
-            if carved is not None:
+            buffer = arena.take(f.data_bytes) if arena is not None else None
+            if buffer is None:
+                buffer = torch.empty(f.data_bytes, dtype=torch.uint8, device=dev)
+            else:
                 carved_bytes += f.data_bytes
-            buffers.append(
-                carved
-                if carved is not None
-                else torch.empty(f.data_bytes, dtype=torch.uint8, device=dev)
-            )
+            buffers.append(buffer)
         return buffers, carved_bytes
 
     def _run(self, plan: LoadPlan, buffers: list[torch.Tensor], dev: torch.device) -> StageTotals:

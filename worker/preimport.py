@@ -22,7 +22,7 @@ from pathlib import Path
 MAX_MODULES = 2000  # a report's cap: the names, not the imports, travel in messages
 
 
-def library_modules_since(before: set[str], code_dir: Path | None) -> list[str]:
+def library_modules_since(before: set[str], code_dir: Path) -> list[str]:
     """Modules imported since ``before`` was taken, from files outside ``code_dir``
     (the function's own code is not importable before its bundle is known)."""
     names = []
@@ -32,7 +32,7 @@ def library_modules_since(before: set[str], code_dir: Path | None) -> list[str]:
         origin = getattr(getattr(module, "__spec__", None), "origin", None)
         if not isinstance(origin, str) or origin in ("built-in", "frozen"):
             continue
-        if code_dir is not None and Path(origin).is_relative_to(code_dir):
+        if Path(origin).is_relative_to(code_dir):
             continue
         names.append(name)
     return sorted(names)[:MAX_MODULES]  # a parent package sorts before its modules

@@ -105,12 +105,14 @@ class DirectRunner:
                 counter.labels(claim.function, "lost").inc()
         return final
 
-    def trace_final(self, call_id: str) -> None:
-        """Emit the spans of a call that ended, when tracing is on."""
+    def trace_final(self, call_id: str, view: CallView | None = None) -> None:
+        """Emit the spans of a call that ended, when tracing is on (``view``: the call
+        as its caller already read it)."""
         if not self.s.tracing.enabled:
             return
-        with self.s.db.session() as session:
-            view = calls.get(session, call_id)
+        if view is None:
+            with self.s.db.session() as session:
+                view = calls.get(session, call_id)
         self.s.tracing.emit(call_spans(view))
 
     def _has_port(self, claim: Claim) -> bool:
@@ -131,7 +133,7 @@ class DirectRunner:
         if kick:
             self._kick(claim.function)
         if final:
-            self.trace_final(claim.call_id)
+            self.trace_final(claim.call_id, view)
         return view
 
     def _requeue(self, claim: Claim) -> None:
