@@ -370,7 +370,21 @@ def record_event(
     elif ev.kind == "output":
         _add_output(session, metrics, now, row, ev.output, ev.seq)
     elif ev.kind == "failed" and ev.not_run:
-        requeue_or_fail(session, metrics, now, row, ev.error or "its replica was gone")
+        # It never ran (its replica was gone when it arrived): a new attempt that
+        # spends no retry, or a call routed just before its replica's death was
+        # known would use up the retries its function gave it for failures.
+        session.execute(
+            update(Call)
+            .where(
+                Call.id == call_id,
+                Call.attempt == ev.attempt,
+                Call.status.in_(IN_FLIGHT_CALL_STATES),
+            )
+            .values(
+                status="queued", attempt=row.attempt + 1, retries=row.retries + 1, replica_id=None
+            )
+            .execution_options(synchronize_session=False)
+        )
     elif ev.kind in FINAL_CALL_EVENTS:
         if ev.loaded_adapters is not None and row.replica_id is not None:
             _note_adapters(session, row.replica_id, ev.loaded_adapters)
