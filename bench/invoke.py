@@ -1,12 +1,14 @@
 """Invoke bench: warm call overhead over an in-process call, and no-op calls per second.
 
     python bench/invoke.py [--duration-s 10] [--clients 1,16,64]
-                           [--broker filesystem|redis] [--json -|PATH] [--quick]
+                           [--broker filesystem|redis] [--client lean|httpx]
+                           [--json -|PATH] [--quick]
 
 Starts ``thaw server`` + one ``thaw worker`` (``bench._invoke_setup``), deploys
 a no-op function (``__call__`` returns its input) with one warm replica, then
 for each client count runs that many threads, each with its own keep-alive
-httpx client, doing synchronous ``POST /v1/functions/noop/invoke`` calls for a
+connection (``--client``: ``http.client``, or httpx, which spends about ten
+times the CPU per call), doing synchronous ``POST /v1/functions/noop/invoke`` calls for a
 fixed duration. The baseline calls the same function object in this process.
 Overhead per percentile = thaw latency - in-process latency. The clients run
 on the same machine as thaw, so their own CPU counts against it.
@@ -54,6 +56,7 @@ class Options:
     duration_s: float
     clients: list[int]
     broker: str
+    client: str
     json: str | None
     quick: bool
 
@@ -89,13 +92,14 @@ def parse_args(argv: list[str]) -> Options:
     p.add_argument("--duration-s", type=float, default=None, help="per client count (10; 3 quick)")
     p.add_argument("--clients", default=None, help="comma-separated (1,16,64; 1,4 quick)")
     p.add_argument("--broker", choices=setup.BROKERS, default="filesystem")
+    p.add_argument("--client", choices=setup.CLIENTS, default="lean", help="HTTP client (lean)")
     p.add_argument("--json", default=None, metavar="PATH", help="write results; '-' = stdout")
     p.add_argument("--quick", action="store_true", help="short run, clients 1,4: a smoke run")
     a = p.parse_args(argv)
     duration_s = a.duration_s or (QUICK_DURATION_S if a.quick else DEFAULT_DURATION_S)
     default_clients = QUICK_CLIENTS if a.quick else DEFAULT_CLIENTS
     clients = parse_clients(a.clients) if a.clients else list(default_clients)
-    return Options(duration_s, clients, a.broker, a.json, a.quick)
+    return Options(duration_s, clients, a.broker, a.client, a.json, a.quick)
 
 
 # --- measuring ----------------------------------------------------------------------
@@ -109,14 +113,14 @@ def measure_in_process(fn: Callable[[Any], Any], calls: int = BASELINE_CALLS) ->
     return out
 
 
-def _client_loop(stack: Any, run: ClientRun, stop_at: float, client_no: int) -> None:
+def _client_loop(stack: Any, kind: str, run: ClientRun, stop_at: float, client_no: int) -> None:
     """One client: synchronous invokes on one keep-alive connection until ``stop_at``."""
     lat: list[float] = []
     server_ms: dict[str, list[float]] = {k: [] for k in SPLIT_KEYS}
     failed = cold = 0
     error: str | None = None
     url = f"/v1/functions/{setup.FUNCTION}/invoke"
-    with setup.invoke_client(stack) as c:
+    with setup.invoke_client(stack, kind) as c:
         i = 0
         while time.perf_counter() < stop_at:
             body = {"input": {"c": client_no, "i": i}}
@@ -148,13 +152,15 @@ def _client_loop(stack: Any, run: ClientRun, stop_at: float, client_no: int) -> 
         run.first_error = run.first_error or error
 
 
-def run_clients(stack: Any, clients: int, duration_s: float, console: Console) -> ClientRun:
+def run_clients(
+    stack: Any, clients: int, duration_s: float, console: Console, kind: str = "lean"
+) -> ClientRun:
     """``clients`` threads invoking for ``duration_s``; progress printed once a second."""
     run = ClientRun()
     started = time.perf_counter()
     stop_at = started + duration_s
     threads = [
-        threading.Thread(target=_client_loop, args=(stack, run, stop_at, n), daemon=True)
+        threading.Thread(target=_client_loop, args=(stack, kind, run, stop_at, n), daemon=True)
         for n in range(clients)
     ]
     for t in threads:
@@ -218,7 +224,10 @@ def results_table(doc: dict[str, Any]) -> TableSpec:
     cols = ["clients", "calls", "failed", "calls/s", "+p50", "+p95", "+p99", "thaw p50"]
     cols += ["queue_wait p50", "worker total p50", "in-proc p50"]
     spec = TableSpec(
-        title=f"thaw warm invoke: overhead (+) over in-process, ms ({doc['broker']} broker)",
+        title=(
+            f"thaw warm invoke: overhead (+) over in-process, ms ({doc['broker']} broker, "
+            f"{doc.get('client', 'httpx')} client)"
+        ),
         columns=[Column(c) for c in cols],
         caption=(
             f"{doc['duration_s']:g} s per client count; {doc['machine']['cpus']} CPUs; "
@@ -261,12 +270,13 @@ def run_bench(opts: Options, console: Console) -> dict[str, Any]:
             rows = []
             for clients in opts.clients:
                 console.print(f"{clients} clients for {opts.duration_s:g} s")
-                run = run_clients(stack, clients, opts.duration_s, console)
+                run = run_clients(stack, clients, opts.duration_s, console, opts.client)
                 rows.append(make_row(clients, run, baseline_ms))
     return {
         "bench": "invoke",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "broker": opts.broker,
+        "client": opts.client,
         "duration_s": opts.duration_s,
         "clients": opts.clients,
         "rows": rows,

@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from bench._invoke_setup import LeanClient
 from bench.invoke import ClientRun, make_row, parse_clients, targets
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,7 +27,7 @@ def test_quick_run_reports_every_client_count() -> None:
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(proc.stdout)
-    assert doc["broker"] == "filesystem"
+    assert doc["broker"] == "filesystem" and doc["client"] == "lean"
     assert [r["clients"] for r in doc["rows"]] == [1, 4]
     for row in doc["rows"]:
         assert row["calls"] > 0 and row["failed"] == 0, row
@@ -65,3 +68,36 @@ def test_clients_are_parsed_and_checked() -> None:
     assert parse_clients("1,16, 64") == [1, 16, 64]
     with pytest.raises(SystemExit, match="at least 1"):
         parse_clients("0,4")
+
+
+class Echo(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn answers
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        echoed = {"path": self.path, "auth": self.headers["Authorization"], "got": json.loads(body)}
+        out = json.dumps(echoed).encode()
+        self.send_response(201)
+        self.send_header("X-Thaw-Cold", "false")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_lean_client_posts_json_on_one_connection_and_reads_the_answer() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with LeanClient(url, {"Authorization": "Bearer k"}, timeout_s=10) as c:
+            for i in range(3):  # the same connection, reused
+                r = c.post("/v1/x", json={"i": i})
+                assert r.status_code == 201
+                assert r.headers.get("x-thaw-cold") == "false"  # any case
+                assert r.json() == {"path": "/v1/x", "auth": "Bearer k", "got": {"i": i}}
+    finally:
+        server.shutdown()
+        server.server_close()
