@@ -28,6 +28,7 @@
 | server_host                | THAW_SERVER_HOST             | 127.0.0.1            |
 | server_port                | THAW_SERVER_PORT             | 8420                 |
 | admin_key_file             | THAW_ADMIN_KEY_FILE          | (none; first admin key copy) |
+| auth_cache_ttl_s           | THAW_AUTH_CACHE_TTL_S        | 2 (a verified key is trusted this long; a revoke through another control plane takes this long here; 0: off) |
 | secrets_key                | THAW_SECRETS_KEY             | (<home>/secrets.key, made on first use; one key for all control planes) |
 | max_body_bytes             | THAW_MAX_BODY_BYTES          | 6 MiB                |
 | max_upload_bytes           | THAW_MAX_UPLOAD_BYTES        | 64 GiB (console folder uploads) |
@@ -113,6 +114,7 @@ class Settings(BaseSettings):
     server_host: str = "127.0.0.1"
     server_port: int = 8420
     admin_key_file: Path | None = None
+    auth_cache_ttl_s: float = Field(default=2.0, ge=0)
     # Fernet key of function secrets at rest (services.secrets); None: <home>/secrets.key.
     secrets_key: str | None = Field(default=None, repr=False)
     max_body_bytes: int = 6 << 20

@@ -87,6 +87,7 @@ def build_services(
         validate_bundle=validate_bundle or subprocess_validator(settings.deploy_validate_timeout_s),
         tracing=open_tracing(tracing_config(settings, "thaw-control-plane")),
         direct=DirectChannel() if settings.direct_calls else None,
+        principals=key_service.PrincipalCache(clock, settings.auth_cache_ttl_s),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from control_plane.services import keys
@@ -31,12 +32,23 @@ ServicesDep = Annotated[Services, Depends(get_services)]
 InvocationsDep = Annotated[Invocations, Depends(get_invocations)]
 
 
-def get_principal(
+async def get_principal(
     services: ServicesDep,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
-    """The key in ``Authorization: Bearer``; 401 when missing, malformed or revoked."""
+    """The key in ``Authorization: Bearer``; 401 when missing, malformed or revoked.
+    A key verified a moment ago is not read again (``keys.PrincipalCache``)."""
     token = creds.credentials if creds is not None else None
+    cache = services.principals
+    who = cache.get(token) if cache is not None else None
+    if who is None:
+        who = await run_in_threadpool(_authenticate, services, token)
+        if cache is not None and token is not None:
+            cache.put(token, who)
+    return who
+
+
+def _authenticate(services: Services, token: str | None) -> Principal:
     with services.db.session() as session:
         return keys.authenticate(session, token)
 

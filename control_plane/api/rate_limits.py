@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fastapi import Request
+from fastapi.concurrency import run_in_threadpool
 
 from control_plane.api.deps import PrincipalDep
 from control_plane.errors import NotFoundError
@@ -38,8 +39,12 @@ def make_rate_limiter(services: Services) -> RateLimiter:
     return RateLimiter(services.clock, function_limit_reader(services))
 
 
-def enforce_rate_limit(name: str, who: PrincipalDep, request: Request) -> None:
-    """401/403/429 for ``POST /v1/functions/{name}/invoke`` before the call exists."""
+async def enforce_rate_limit(name: str, who: PrincipalDep, request: Request) -> None:
+    """401/403/429 for ``POST /v1/functions/{name}/invoke`` before the call exists.
+    On the event loop, unless the function's limit has to be read first."""
     who.require("invoke", name)
     limiter: RateLimiter = request.app.state.rate_limiter
-    limiter.check(who.key_id, who.rate, name)
+    if limiter.knows(name):
+        limiter.check(who.key_id, who.rate, name)
+    else:
+        await run_in_threadpool(limiter.check, who.key_id, who.rate, name)

@@ -8,7 +8,7 @@ file; PostgreSQL needs nothing special. Callers own the session's lifetime:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,17 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.close()
+
+
+def hold(session: Session, rows: Iterable[object]) -> None:
+    """Keep ``rows`` in ``session``'s identity map for its lifetime.
+
+    The identity map holds rows weakly: a row read by one step and dropped is
+    read again by the next step's ``session.get``. A step that hands only ids
+    or views on (``replicas.views``, ``calls.accept``) holds its rows instead.
+    """
+    held: list[object] = session.info.setdefault("held_rows", [])
+    held.extend(rows)
 
 
 class Database:

@@ -23,8 +23,11 @@ from typing import Any
 from sqlalchemy import case, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.sql.elements import ColumnElement
 
 from control_plane.db.models import Call, CallOutput, Replica
+from control_plane.db.session import hold
 from control_plane.errors import BadRequestError, ConflictError, NotFoundError
 from control_plane.metrics import Metrics
 from control_plane.protocol import FINAL_CALL_EVENTS, CallEvent
@@ -111,7 +114,7 @@ def accept(
     fn: ActiveVersion,
     req: CallRequest,
     registry: Registry | None = None,
-) -> tuple[CallView, bool]:
+) -> tuple[Call, bool]:
     """Record a call as queued; with an idempotency key, return the existing one.
 
     Returns (call, created). Raises ``ConflictError`` when the key was used
@@ -119,11 +122,14 @@ def accept(
     listed by the function nor in ``registry`` (the replica loads an unlisted
     one on first use).
 
-    The insert stays in the session's transaction (no savepoint: on SQLite the
-    driver would commit it on release, and the reconciler could dispatch the
-    call before the caller's transaction ends). When another request with the
-    same idempotency key wins the insert, the transaction is rolled back and the
-    winner's call returned: the session must hold no other pending writes.
+    A call without a key is inserted when the session flushes (at the latest
+    on commit): routing it in the same session (``dispatching.mark_dispatched``)
+    then changes the row before it is written, so a call taken at once is one
+    INSERT. A call with a key is inserted here, to find out whether another
+    request with the same key won: its transaction is then rolled back and the
+    winner's call returned, so the session must hold no other pending writes.
+    No savepoint: on SQLite the driver would commit it on release, and the
+    reconciler could dispatch the call before the caller's transaction ends.
     """
     who.require("invoke", fn.name)
     if req.adapter is not None and req.adapter not in {a.name for a in fn.adapters}:
@@ -135,6 +141,8 @@ def accept(
             return _same_or_conflict(existing, input_json), False
     row = _new_call(now, who, fn, req, input_json)
     session.add(row)
+    if req.idempotency_key is None:
+        return row, True
     try:
         session.flush()
     except IntegrityError:
@@ -144,7 +152,8 @@ def accept(
         if existing is None:
             raise
         return _same_or_conflict(existing, input_json), False
-    return view(row), True
+    hold(session, [row])  # routing it in this session reads nothing
+    return row, True
 
 
 def _check_unlisted_adapter(registry: Registry | None, fn: ActiveVersion, ref: str) -> None:
@@ -179,6 +188,8 @@ def _new_call(
         stream=req.stream,
         attempt=1,
         retries=fn.spec.retries,
+        cold=False,
+        cancel_pending=False,
         timeout_s=timeout_s,
         accepted_at=now,
         deadline_at=now + timeout_s,
@@ -195,19 +206,20 @@ def _by_idempotency(session: Session, fn: str, key_id: str, key: str | None) -> 
     ).first()
 
 
-def _same_or_conflict(row: Call, input_json: str) -> CallView:
+def _same_or_conflict(row: Call, input_json: str) -> Call:
     if row.input_json != input_json:
         raise ConflictError(
             f"Idempotency-Key was already used for call {row.id} with a different input; "
             "use a new key for a new call"
         )
-    return view(row)
+    return row
 
 
 def get_row(session: Session, call_id: str) -> Call:
     row = session.get(Call, call_id)
     if row is None:
         raise NotFoundError(f"no call {call_id!r}")
+    hold(session, [row])  # read once per session
     return row
 
 
@@ -280,10 +292,20 @@ def finalize(
     if ended is None:
         return False
     loaded = session.identity_map.get(session.identity_key(Call, call_id))
-    if loaded is not None:  # this session's copy is stale now: read it again if used
-        session.expire(loaded)
+    if loaded is not None:  # this session's copy, as written (no re-read)
+        note_written(session, loaded, values)
     _complete_books(session, metrics, now, call_id, status, adapter_hit, Ended(*ended))
     return True
+
+
+def note_written(session: Session, row: Call, values: dict[str, Any]) -> None:
+    """Make ``row`` (this session's copy) show what an UPDATE of ``values`` wrote;
+    a value SQL computed is read again if used."""
+    for name, value in values.items():
+        if isinstance(value, ColumnElement):
+            session.expire(row, [name])
+        else:
+            set_committed_value(row, name, value)
 
 
 def end_at_deadline(session: Session, metrics: Metrics | None, now: float, call_id: str) -> bool:
@@ -323,12 +345,16 @@ def _complete_books(
     timings = json.loads(ended.timings_json)
     if "total" not in timings:
         timings["total"] = max(0.0, now - ended.accepted_at) * 1000
+        values = {"timings_json": json.dumps(timings)}
         session.execute(
             update(Call)
             .where(Call.id == call_id)
-            .values(timings_json=json.dumps(timings))
+            .values(**values)
             .execution_options(synchronize_session=False)
         )
+        loaded = session.identity_map.get(session.identity_key(Call, call_id))
+        if loaded is not None:
+            note_written(session, loaded, values)
     if ended.cold:  # the first output phase, on the call and on its replica's first call
         row = session.get(Call, call_id)
         replica = session.get(Replica, row.replica_id) if row and row.replica_id else None

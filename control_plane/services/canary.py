@@ -93,13 +93,25 @@ def requeue_to_serving(session: Session, versions: list[ActiveVersion]) -> int:
 
 
 def for_call(
-    session: Session, name: str, draw: Callable[[], float] = random.random
+    session: Session,
+    name: str,
+    versions: functions.VersionCache,
+    draw: Callable[[], float] = random.random,
 ) -> ActiveVersion:
-    """The version a new call of ``name`` is accepted on. Raises ``NotFoundError``."""
-    fn = _function(session, name)
-    active = functions.active_of(session, fn)
-    chosen = pick_version(active.version, state(session, fn), draw())
-    return active if chosen == active.version else functions.version_of(session, fn, chosen)
+    """The version a new call of ``name`` is accepted on (one read: the function and
+    its canary; the version from ``versions``). Raises ``NotFoundError``."""
+    found = session.execute(
+        select(Function, Canary)
+        .outerjoin(Canary, Canary.function_id == Function.id)
+        .where(Function.name == name)
+    ).first()
+    if found is None:
+        raise NotFoundError(f"no function {name!r}; deploy it with `thaw deploy DIR`")
+    fn, row = found
+    if fn.active_version is None:
+        raise NotFoundError(f"function {fn.name} has no active version; deploy it")
+    canary = None if row is None else CanaryState(row.version, row.weight_pct, row.started_at)
+    return versions.version_of(session, fn, pick_version(fn.active_version, canary, draw()))
 
 
 def _require(session: Session, name: str) -> tuple[Function, CanaryState]:

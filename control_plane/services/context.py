@@ -13,6 +13,7 @@ from control_plane.dispatch.direct import DirectChannel
 from control_plane.metrics import Metrics
 from control_plane.notifier import Notifier
 from control_plane.services.bundles import BundleValidator
+from control_plane.services.keys import PrincipalCache
 from control_plane.settings import Settings
 from control_plane.tracing import NO_TRACING, Tracing
 from snapshotter.registry import Registry
@@ -38,6 +39,8 @@ class Services:
     tracing: Tracing = NO_TRACING
     # Warm synchronous calls straight to the worker (None: every call is queued).
     direct: DirectChannel | None = None
+    # Keys verified in the last moment (THAW_AUTH_CACHE_TTL_S); None: read every time.
+    principals: PrincipalCache | None = None
     _registry: Registry | None = None
 
     @property

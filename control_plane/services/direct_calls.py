@@ -47,7 +47,7 @@ def claim(
     session: Session,
     metrics: Metrics | None,
     fn: ActiveVersion,
-    call_id: str,
+    call: Call,
     now: float,
     breakers: Mapping[str, BreakerState] | None = None,
 ) -> Claim | None:
@@ -56,8 +56,7 @@ def claim(
     on an open worker are passed over; while a worker of the function is half-open,
     no call takes the fast path, so the queue sends that worker its probe.
     """
-    call = session.get(Call, call_id)
-    if call is None or call.status != "queued":
+    if call.status != "queued":
         return None
     views = [v for v in replicas.views(session, fn.name) if v.state == "ready"]
     if breakers:
@@ -78,9 +77,10 @@ def claim(
 
 def claim_of(session: Session, function: str, call: Call, done: Dispatched) -> Claim:
     """The claim for ``call`` as ``route_one`` dispatched it: what sending it needs."""
-    worker = session.get(Worker, done.replica.worker_id)
-    addr = worker.data_addr if worker is not None else None
-    token = worker.data_token if worker is not None else None
+    port = session.execute(
+        select(Worker.data_addr, Worker.data_token).where(Worker.id == done.replica.worker_id)
+    ).first()
+    addr, token = port if port is not None else (None, None)
     return Claim(
         call.id,
         function,

@@ -15,14 +15,13 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import update
+from sqlalchemy import inspect, update
 from sqlalchemy.orm import Session
-from sqlalchemy.orm.attributes import set_committed_value
 
 from control_plane.db.models import Call, Replica
 from control_plane.metrics import Metrics
 from control_plane.protocol import RunCall
-from control_plane.services import affinity, coldstart, router
+from control_plane.services import affinity, calls, coldstart, router
 from control_plane.services.functions import ActiveVersion
 from control_plane.services.router import ReplicaView
 from control_plane.tracing import call_traceparent
@@ -62,7 +61,8 @@ def route_one(
 def mark_dispatched(
     session: Session, call: Call, replica: Replica, fn: ActiveVersion, now: float
 ) -> bool:
-    """queued → dispatched on ``replica``; False when the call was no longer queued."""
+    """queued → dispatched on ``replica``; False when the call was no longer queued.
+    A call not yet inserted (``calls.accept``) is changed before it is written."""
     cold = replica.ready_at is not None and replica.ready_at >= call.accepted_at
     phases = coldstart.replica_phases(replica) if cold else {}
     timings = {**json.loads(call.timings_json), "queue_wait": (now - call.accepted_at) * 1000}
@@ -75,6 +75,10 @@ def mark_dispatched(
         "phases_json": json.dumps(phases),
         "timings_json": json.dumps(timings),
     }
+    if inspect(call).pending:  # nobody else can see it yet
+        for name, value in values.items():
+            setattr(call, name, value)
+        return True
     result = session.execute(
         update(Call)
         .where(Call.id == call.id, Call.status == "queued")
@@ -84,8 +88,7 @@ def mark_dispatched(
     if result.rowcount != 1:  # type: ignore[attr-defined]
         session.expire(call)  # someone else moved it: read it again if used
         return False
-    for name, value in values.items():  # the session's copy, as written (no re-read)
-        set_committed_value(call, name, value)
+    calls.note_written(session, call, values)  # the session's copy, as written (no re-read)
     return True
 
 

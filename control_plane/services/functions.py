@@ -190,6 +190,28 @@ def version_of(session: Session, fn: Function, version: int) -> ActiveVersion:
     return ActiveVersion(fn.name, row.version, spec, row.model_digest, adapters)
 
 
+class VersionCache:
+    """Versions already read (``version_of``), by function id, the function's
+    ``created_at`` and version number. A deployed version never changes, and a
+    function deleted and deployed again is another (id, created_at), so an entry
+    never goes stale. One per database."""
+
+    MAX_ENTRIES = 1024
+
+    def __init__(self) -> None:
+        self._versions: dict[tuple[int, float, int], ActiveVersion] = {}
+
+    def version_of(self, session: Session, fn: Function, version: int) -> ActiveVersion:
+        key = (fn.id, fn.created_at, version)
+        hit = self._versions.get(key)
+        if hit is None:
+            hit = version_of(session, fn, version)
+            if len(self._versions) >= self.MAX_ENTRIES:
+                self._versions.clear()
+            self._versions[key] = hit
+        return hit
+
+
 def show(session: Session, name: str) -> FunctionInfo:
     fn = _get(session, name)
     versions = list(

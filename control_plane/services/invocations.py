@@ -26,6 +26,7 @@ from control_plane.services import (
     calls,
     canary,
     direct_calls,
+    functions,
     replicas,
     worker_health,
     workers,
@@ -48,6 +49,7 @@ class Invocations:
         self.activator = Activator(services)
         self.direct = reconciler.direct
         self._breakers = worker_health.BreakerCache()
+        self._versions = functions.VersionCache()
         s = services.settings
         self._breaker_settings = (s.worker_failure_threshold, s.worker_probe_interval_s)
 
@@ -66,12 +68,14 @@ class Invocations:
         fast = direct and self.s.direct is not None
         claim: Claim | None = None
         with self.direct.lock if fast else contextlib.nullcontext(), self.s.db.session() as session:
-            fn = canary.for_call(session, function)  # the active version or its canary
+            fn = canary.for_call(session, function, self._versions)  # active or canary
             now = self.s.clock()
-            view, created = calls.accept(session, now, who, fn, req, self.s.registry)
+            row, created = calls.accept(session, now, who, fn, req, self.s.registry)
             if fast and created:
-                breakers = self._breakers.get(session, now, *self._breaker_settings)
-                claim = direct_calls.claim(session, self.s.metrics, fn, view.id, now, breakers)
+                with session.no_autoflush:  # the new call is written once, routed
+                    breakers = self._breakers.get(session, now, *self._breaker_settings)
+                    claim = direct_calls.claim(session, self.s.metrics, fn, row, now, breakers)
+            view = calls.view(row)
         if claim is not None:
             view = self.direct.run(claim) or view  # the call as it ended, when it did
         elif created:

@@ -5,6 +5,11 @@ lookup, ``secret`` (32 random bytes, urlsafe base64) only as its SHA-256.
 A key holds scopes (admin, deploy, invoke, worker) and may be limited to one
 function. ``admin`` implies every other scope. A key may carry a rate limit on
 its invokes (``rate_per_s``, ``rate_burst``; see ``services.ratelimit``).
+
+A control-plane process keeps the principals of tokens it verified for a
+moment (``PrincipalCache``), so an invoke does not read its key every time. A
+key revoked through this process stops working at once; one revoked through
+another process stops working here within the cache's TTL.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from control_plane.clock import Clock
 from control_plane.db.models import ApiKey
 from control_plane.errors import (
     BadRequestError,
@@ -29,6 +35,7 @@ from control_plane.services.ratelimit import Limit
 
 SCOPES = ("admin", "deploy", "invoke", "worker")
 KEY_PREFIX = "thaw_"
+MAX_CACHED_PRINCIPALS = 10_000
 
 
 @dataclass(frozen=True)
@@ -120,6 +127,39 @@ def authenticate(session: Session, token: str | None) -> Principal:
         )
     rate = Limit.of(row.rate_per_s, row.rate_burst)
     return Principal(row.id, frozenset(row.scopes.split(",")), row.function, rate)
+
+
+class PrincipalCache:
+    """Principals of tokens verified within the last ``ttl_s`` (0: none are kept),
+    by the SHA-256 of the token: the cache holds no secret."""
+
+    def __init__(self, clock: Clock, ttl_s: float) -> None:
+        self._clock = clock
+        self._ttl_s = ttl_s
+        self._by_token: dict[bytes, tuple[float, Principal]] = {}
+
+    def get(self, token: str | None) -> Principal | None:
+        if not token or self._ttl_s <= 0:
+            return None
+        hit = self._by_token.get(hashlib.sha256(token.encode()).digest())
+        if hit is None or hit[0] <= self._clock():
+            return None
+        return hit[1]
+
+    def put(self, token: str, who: Principal) -> None:
+        if self._ttl_s <= 0:
+            return
+        now = self._clock()
+        if len(self._by_token) >= MAX_CACHED_PRINCIPALS:  # drop the expired, else all
+            live = {k: v for k, v in self._by_token.items() if v[0] > now}
+            self._by_token = live if len(live) < MAX_CACHED_PRINCIPALS else {}
+        self._by_token[hashlib.sha256(token.encode()).digest()] = (now + self._ttl_s, who)
+
+    def drop(self, key_id: str) -> None:
+        """Forget every token of ``key_id`` (it was just revoked)."""
+        for k, (_, who) in list(self._by_token.items()):
+            if who.key_id == key_id:
+                self._by_token.pop(k, None)
 
 
 def _split(token: str) -> tuple[str, str]:

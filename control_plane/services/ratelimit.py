@@ -122,6 +122,12 @@ class RateLimiter:
                 taken[slot] = after
             self._buckets.update(taken)
 
+    def knows(self, function: str) -> bool:
+        """Whether ``check`` can judge ``function`` without reading its limit (no I/O)."""
+        with self._lock:
+            cached = self._limits.get(function)
+        return cached is not None and self._clock() - cached[0] < FUNCTION_LIMITS_TTL_S
+
     def _cached_function_limit(self, function: str) -> Limit | None:
         now = self._clock()
         with self._lock:

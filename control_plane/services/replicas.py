@@ -17,6 +17,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call, Replica
+from control_plane.db.session import hold
 from control_plane.errors import NotFoundError
 from control_plane.metrics import Metrics
 from control_plane.protocol import AdapterSpec, ContainerOptions, ReplicaEvent, StartReplica
@@ -170,13 +171,17 @@ def _other_live(session: Session, row: Replica) -> bool:
 
 
 def live(session: Session, function: str) -> list[Replica]:
-    return list(
+    """The function's live replicas, held by the session (a routing step's ``get``
+    of the one it chose reads nothing)."""
+    rows = list(
         session.scalars(
             select(Replica)
             .where(Replica.function == function, Replica.state.in_(LIVE_REPLICA_STATES))
             .order_by(Replica.created_at)
         )
     )
+    hold(session, rows)
+    return rows
 
 
 def outstanding(session: Session, replica_ids: list[str]) -> dict[str, int]:

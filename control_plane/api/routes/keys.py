@@ -34,4 +34,7 @@ def list_keys(who: PrincipalDep, services: ServicesDep) -> list[KeyPublic]:
 def revoke_key(key_id: str, who: PrincipalDep, services: ServicesDep) -> KeyPublic:
     who.require("admin")
     with services.db.session() as s:
-        return KeyPublic.of(keys.revoke_key(s, key_id, services.clock()))
+        revoked = KeyPublic.of(keys.revoke_key(s, key_id, services.clock()))
+    if services.principals is not None:
+        services.principals.drop(key_id)
+    return revoked

@@ -87,3 +87,19 @@ def test_a_refused_call_takes_no_token_from_the_other_bucket() -> None:
     with pytest.raises(RateLimitedError, match="function"):
         limiter.check("k", Limit(1.0, 2), "f")
     limiter.check("k", Limit(1.0, 2), "other")  # the key still had its second token
+
+
+def test_the_limiter_knows_a_function_only_while_its_limit_is_fresh() -> None:
+    clock = FakeClock()
+    reads: list[str] = []
+
+    def read(name: str) -> Limit | None:
+        reads.append(name)
+        return None
+
+    limiter = RateLimiter(clock, read)
+    assert not limiter.knows("f")  # the invoke route reads it off the event loop
+    limiter.check("k", None, "f")
+    assert limiter.knows("f") and reads == ["f"]
+    clock.now += 3600
+    assert not limiter.knows("f")
