@@ -58,7 +58,8 @@ def claim(
     """
     if call.status != "queued":
         return None
-    views = [v for v in replicas.views(session, fn.name) if v.state == "ready"]
+    ports: dict[str, replicas.DataPort] = {}
+    views = [v for v in replicas.views(session, fn.name, ports) if v.state == "ready"]
     if breakers:
         rows = session.execute(
             select(Replica.id, Replica.worker_id).where(Replica.function == fn.name)
@@ -72,15 +73,24 @@ def claim(
     done = route_one(session, metrics, fn, call, views, now)
     if not isinstance(done, Dispatched):
         return None
-    return claim_of(session, fn.name, call, done)
+    return claim_of(session, fn.name, call, done, ports.get(done.replica.id))
 
 
-def claim_of(session: Session, function: str, call: Call, done: Dispatched) -> Claim:
-    """The claim for ``call`` as ``route_one`` dispatched it: what sending it needs."""
-    port = session.execute(
-        select(Worker.data_addr, Worker.data_token).where(Worker.id == done.replica.worker_id)
-    ).first()
-    addr, token = port if port is not None else (None, None)
+def claim_of(
+    session: Session,
+    function: str,
+    call: Call,
+    done: Dispatched,
+    port: replicas.DataPort | None = None,
+) -> Claim:
+    """The claim for ``call`` as ``route_one`` dispatched it: what sending it needs
+    (``port``: its worker's direct port, when already read)."""
+    if port is None:
+        found = session.execute(
+            select(Worker.data_addr, Worker.data_token).where(Worker.id == done.replica.worker_id)
+        ).first()
+        port = replicas.DataPort(*found) if found is not None else replicas.DataPort(None, None)
+    addr, token = port.addr, port.token
     return Claim(
         call.id,
         function,

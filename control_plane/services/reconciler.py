@@ -138,9 +138,10 @@ class Reconciler:
             return
         breakers = self._breakers(session, now)
         worker_of = _workers_of(session, fn.name) if breakers else {}
+        ports: dict[str, replicas.DataPort] = {}
         views = {
             v.id: v
-            for v in replicas.views(session, fn.name)
+            for v in replicas.views(session, fn.name, ports)
             if breakers.get(worker_of.get(v.id, ""), "closed") != "open"
         }
         for call in queued:
@@ -161,7 +162,8 @@ class Reconciler:
             if breakers.get(probed) == "half_open":  # one probe call, then wait for it
                 views = {k: v for k, v in views.items() if worker_of.get(k) != probed}
             if self.direct.enabled and not call.stream:
-                box.direct_runs.append(direct_calls.claim_of(session, fn.name, call, done))
+                port = ports.get(done.replica.id)
+                box.direct_runs.append(direct_calls.claim_of(session, fn.name, call, done, port))
             else:
                 box.runs.append((done.replica.worker_id, done.message))
             box.touched_calls.append(call.id)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from control_plane.db.models import Call, Replica
+from control_plane.db.models import Call, Replica, Worker
 from control_plane.db.session import hold
 from control_plane.errors import NotFoundError
 from control_plane.metrics import Metrics
@@ -193,19 +194,40 @@ def outstanding(session: Session, replica_ids: list[str]) -> dict[str, int]:
     return {str(rid): int(n) for rid, n in rows}
 
 
-def views(session: Session, function: str) -> list[ReplicaView]:
-    rows = live(session, function)
-    counts = outstanding(session, [r.id for r in rows])
-    return [
-        ReplicaView(
-            id=r.id,
-            state=r.state,
-            version=r.version,
-            outstanding=counts.get(r.id, 0),
-            adapters=frozenset(json.loads(r.adapters_json)),
-        )
-        for r in rows
-    ]
+@dataclass(frozen=True)
+class DataPort:
+    """A worker's direct call port (``worker.dataplane``); None: it has none."""
+
+    addr: str | None
+    token: str | None
+
+
+def views(
+    session: Session, function: str, ports: dict[str, DataPort] | None = None
+) -> list[ReplicaView]:
+    """The function's live replicas as the router sees them, in one read: each with
+    its outstanding calls, and in ``ports`` (when given) its worker's direct port.
+    The rows stay held by the session (``route_one``'s ``get`` reads nothing)."""
+    in_flight = (
+        select(func.count(Call.id))
+        .where(Call.replica_id == Replica.id, Call.status.in_(IN_FLIGHT_CALL_STATES))
+        .correlate(Replica)
+        .scalar_subquery()
+    )
+    rows = session.execute(
+        select(Replica, in_flight, Worker.data_addr, Worker.data_token)
+        .outerjoin(Worker, Worker.id == Replica.worker_id)
+        .where(Replica.function == function, Replica.state.in_(LIVE_REPLICA_STATES))
+        .order_by(Replica.created_at)
+    ).all()
+    hold(session, [r for r, *_ in rows])
+    out = []
+    for r, n, addr, token in rows:
+        adapters = frozenset(json.loads(r.adapters_json))
+        out.append(ReplicaView(r.id, r.state, r.version, int(n or 0), adapters))
+        if ports is not None:
+            ports[r.id] = DataPort(addr, token)
+    return out
 
 
 def counts_by_state(session: Session) -> dict[tuple[str, str], int]:
