@@ -98,20 +98,30 @@ def for_call(
     versions: functions.VersionCache,
     draw: Callable[[], float] = random.random,
 ) -> ActiveVersion:
-    """The version a new call of ``name`` is accepted on (one read: the function and
-    its canary; the version from ``versions``). Raises ``NotFoundError``."""
+    """The version a new call of ``name`` is accepted on (one read of the function
+    and its canary; the version from ``versions``). Raises ``NotFoundError``."""
     found = session.execute(
-        select(Function, Canary)
+        select(
+            Function.id,
+            Function.created_at,
+            Function.active_version,
+            Canary.version,
+            Canary.weight_pct,
+            Canary.started_at,
+        )
         .outerjoin(Canary, Canary.function_id == Function.id)
         .where(Function.name == name)
     ).first()
     if found is None:
         raise NotFoundError(f"no function {name!r}; deploy it with `thaw deploy DIR`")
-    fn, row = found
-    if fn.active_version is None:
-        raise NotFoundError(f"function {fn.name} has no active version; deploy it")
-    canary = None if row is None else CanaryState(row.version, row.weight_pct, row.started_at)
-    return versions.version_of(session, fn, pick_version(fn.active_version, canary, draw()))
+    fn_id, created_at, active, canary_version, weight_pct, started_at = found
+    if active is None:
+        raise NotFoundError(f"function {name} has no active version; deploy it")
+    canary = None
+    if canary_version is not None:
+        canary = CanaryState(canary_version, weight_pct, started_at)
+    version = pick_version(active, canary, draw())
+    return versions.version_of(session, functions.FunctionKey(fn_id, created_at, name), version)
 
 
 def _require(session: Session, name: str) -> tuple[Function, CanaryState]:

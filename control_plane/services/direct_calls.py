@@ -41,6 +41,9 @@ class Claim:
     deadline_at: float
     data_addr: str | None  # None: the worker has no direct port; send through its queue
     data_token: str | None
+    # The call's row as dispatched (detached): recording its events starts from it
+    # instead of reading it again. Whatever changed since, the guarded updates see.
+    row: Call
 
 
 def claim(
@@ -99,6 +102,7 @@ def claim_of(
         call.deadline_at,
         addr if token else None,
         token,
+        call,
     )
 
 

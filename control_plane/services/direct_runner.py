@@ -21,6 +21,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from control_plane.db.session import hold
 from control_plane.dispatch.direct import DirectLostError, DirectUnavailableError
 from control_plane.errors import ConflictError
 from control_plane.protocol import FINAL_CALL_EVENTS, CallEvent, RunCall
@@ -122,6 +123,7 @@ class DirectRunner:
         """Record one event; the call as it ended when the event ended it."""
         final = ev.kind in FINAL_CALL_EVENTS
         with self.lock, self.s.db.session() as session:
+            hold(session, [session.merge(claim.row, load=False)])  # as dispatched: no read
             try:
                 calls.record_event(session, self.s.metrics, self.s.clock(), claim.call_id, ev)
             except ConflictError:

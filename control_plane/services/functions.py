@@ -159,7 +159,7 @@ def _get(session: Session, name: str) -> Function:
     return fn
 
 
-def _version_row(session: Session, fn: Function, version: int) -> FunctionVersion:
+def _version_row(session: Session, fn: Function | FunctionKey, version: int) -> FunctionVersion:
     row = session.scalars(
         select(FunctionVersion).where(
             FunctionVersion.function_id == fn.id, FunctionVersion.version == version
@@ -184,31 +184,41 @@ def active_of(session: Session, fn: Function) -> ActiveVersion:
 
 def version_of(session: Session, fn: Function, version: int) -> ActiveVersion:
     """Version ``version`` of ``fn`` as the scheduler and dispatcher need it."""
-    row = _version_row(session, fn, version)
+    return _active_version(fn.name, _version_row(session, fn, version))
+
+
+def _active_version(name: str, row: FunctionVersion) -> ActiveVersion:
     adapters = [ResolvedAdapter(**a) for a in json.loads(row.adapters_json)]
     spec = FunctionSpec.model_validate_json(row.spec_json)
-    return ActiveVersion(fn.name, row.version, spec, row.model_digest, adapters)
+    return ActiveVersion(name, row.version, spec, row.model_digest, adapters)
+
+
+@dataclass(frozen=True)
+class FunctionKey:
+    """Which function, exactly: a function deleted and deployed again under the same
+    name is another one (its ``created_at``, and on PostgreSQL its id, differ)."""
+
+    id: int
+    created_at: float
+    name: str
 
 
 class VersionCache:
-    """Versions already read (``version_of``), by function id, the function's
-    ``created_at`` and version number. A deployed version never changes, and a
-    function deleted and deployed again is another (id, created_at), so an entry
-    never goes stale. One per database."""
+    """Versions already read (``version_of``), by ``FunctionKey`` and version number.
+    A deployed version never changes, so an entry never goes stale. One per database."""
 
     MAX_ENTRIES = 1024
 
     def __init__(self) -> None:
-        self._versions: dict[tuple[int, float, int], ActiveVersion] = {}
+        self._versions: dict[tuple[FunctionKey, int], ActiveVersion] = {}
 
-    def version_of(self, session: Session, fn: Function, version: int) -> ActiveVersion:
-        key = (fn.id, fn.created_at, version)
-        hit = self._versions.get(key)
+    def version_of(self, session: Session, fn: FunctionKey, version: int) -> ActiveVersion:
+        hit = self._versions.get((fn, version))
         if hit is None:
-            hit = version_of(session, fn, version)
+            hit = _active_version(fn.name, _version_row(session, fn, version))
             if len(self._versions) >= self.MAX_ENTRIES:
                 self._versions.clear()
-            self._versions[key] = hit
+            self._versions[(fn, version)] = hit
         return hit
 
 

@@ -94,9 +94,10 @@ def test_a_version_is_read_once_and_a_redeployed_function_is_read_anew(
     cache = functions.VersionCache()
     first = FunctionSpec(name="f", bundle=BUNDLE, entry="app:A", timeout_s=5)
     fn = deploy(session, first, now=1.0)
-    v1 = cache.version_of(session, fn, 1)
+    key = functions.FunctionKey(fn.id, fn.created_at, fn.name)
+    v1 = cache.version_of(session, key, 1)
     assert v1.spec.timeout_s == 5
-    assert cache.version_of(session, fn, 1) is v1  # not read again
+    assert cache.version_of(session, key, 1) is v1  # not read again
     # Deleted and deployed again: the same name (and on SQLite maybe the same id),
     # another function.
     session.execute(delete(FunctionVersion).where(FunctionVersion.function_id == fn.id))
@@ -104,4 +105,5 @@ def test_a_version_is_read_once_and_a_redeployed_function_is_read_anew(
     second = FunctionSpec(name="f", bundle=BUNDLE, entry="app:A", timeout_s=9)
     fn2 = deploy(session, second, now=2.0)
     assert fn2.id == fn.id  # SQLite gave the id again: the cache must not mistake it
-    assert cache.version_of(session, fn2, 1).spec.timeout_s == 9
+    key2 = functions.FunctionKey(fn2.id, fn2.created_at, fn2.name)
+    assert cache.version_of(session, key2, 1).spec.timeout_s == 9
