@@ -15,16 +15,16 @@ commits and then wakes waiters (``services.invocations``).
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, case, func, select, update
+from sqlalchemy import Table, Update, bindparam, case, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
-from sqlalchemy.sql.elements import ColumnElement
 
 from control_plane.db.models import Call, CallOutput, Replica
 from control_plane.db.session import hold
@@ -274,42 +274,56 @@ def finalize(
         "finished_at": now,
         "output_json": _canonical(output) if status == "succeeded" else None,
         "error": error,
-        # A worker may still be running it: tell the worker (heartbeat reply) to stop.
-        "cancel_pending": case((CALLS.c.status.in_(IN_FLIGHT_CALL_STATES), True), else_=False)
-        if status in ("timeout", "cancelled")
-        else False,
     }
     if timings_ms:
         row = session.get(Call, call_id)
         merged = {**(json.loads(row.timings_json) if row else {}), **timings_ms}
         values["timings_json"] = json.dumps(merged)
-    where = [CALLS.c.id == call_id, CALLS.c.status.in_(from_states)]
+    # A worker may still be running it: tell the worker (heartbeat reply) to stop.
+    stop_worker = status in ("timeout", "cancelled")
+    if not stop_worker:
+        values["cancel_pending"] = False
+    stmt = _finalize_statement(tuple(values), stop_worker, attempt is not None)
+    params = {f"new_{k}": v for k, v in values.items()}  # a column's own name would be SET
+    params.update(call_id=call_id, from_states=list(from_states))
     if attempt is not None:
-        where.append(CALLS.c.attempt == attempt)
-    c = CALLS.c
-    ended = session.execute(
-        update(CALLS)
-        .where(*where)
-        .values(**values)
-        .returning(c.function, c.accepted_at, c.cold, c.adapter, c.timings_json)
-    ).one_or_none()
+        params["of_attempt"] = attempt
+    ended = session.execute(stmt, params).one_or_none()
     if ended is None:
         return False
     loaded = session.identity_map.get(session.identity_key(Call, call_id))
     if loaded is not None:  # this session's copy, as written (no re-read)
         note_written(session, loaded, values)
+        if stop_worker:
+            session.expire(loaded, ["cancel_pending"])  # computed by the database
     _complete_books(session, metrics, now, call_id, status, adapter_hit, Ended(*ended))
     return True
 
 
+@functools.cache
+def _finalize_statement(columns: tuple[str, ...], stop_worker: bool, by_attempt: bool) -> Update:
+    """``finalize``'s guarded UPDATE ... RETURNING, built once per shape (a statement
+    used again skips building and keying it): ``columns`` set from parameters of
+    those names prefixed ``new_``; ``stop_worker``: ``cancel_pending`` if it was in flight."""
+    c = CALLS.c
+    values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in columns}
+    if stop_worker:
+        values["cancel_pending"] = case((c.status.in_(IN_FLIGHT_CALL_STATES), True), else_=False)
+    where = [c.id == bindparam("call_id"), c.status.in_(bindparam("from_states", expanding=True))]
+    if by_attempt:
+        where.append(c.attempt == bindparam("of_attempt"))
+    return (
+        update(CALLS)
+        .where(*where)
+        .values(**values)
+        .returning(c.function, c.accepted_at, c.cold, c.adapter, c.timings_json)
+    )
+
+
 def note_written(session: Session, row: Call, values: dict[str, Any]) -> None:
-    """Make ``row`` (this session's copy) show what an UPDATE of ``values`` wrote;
-    a value SQL computed is read again if used."""
+    """Make ``row`` (this session's copy) show what an UPDATE of ``values`` wrote."""
     for name, value in values.items():
-        if isinstance(value, ColumnElement):
-            session.expire(row, [name])
-        else:
-            set_committed_value(row, name, value)
+        set_committed_value(row, name, value)
 
 
 def end_at_deadline(session: Session, metrics: Metrics | None, now: float, call_id: str) -> bool:

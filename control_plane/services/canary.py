@@ -23,7 +23,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call, Canary, Function
@@ -92,6 +92,21 @@ def requeue_to_serving(session: Session, versions: list[ActiveVersion]) -> int:
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
+# ``for_call``'s one read, built once (a statement used again is not built and keyed anew).
+_FOR_CALL = (
+    select(
+        Function.id,
+        Function.created_at,
+        Function.active_version,
+        Canary.version,
+        Canary.weight_pct,
+        Canary.started_at,
+    )
+    .outerjoin(Canary, Canary.function_id == Function.id)
+    .where(Function.name == bindparam("name"))
+)
+
+
 def for_call(
     session: Session,
     name: str,
@@ -100,18 +115,7 @@ def for_call(
 ) -> ActiveVersion:
     """The version a new call of ``name`` is accepted on (one read of the function
     and its canary; the version from ``versions``). Raises ``NotFoundError``."""
-    found = session.execute(
-        select(
-            Function.id,
-            Function.created_at,
-            Function.active_version,
-            Canary.version,
-            Canary.weight_pct,
-            Canary.started_at,
-        )
-        .outerjoin(Canary, Canary.function_id == Function.id)
-        .where(Function.name == name)
-    ).first()
+    found = session.execute(_FOR_CALL, {"name": name}).first()
     if found is None:
         raise NotFoundError(f"no function {name!r}; deploy it with `thaw deploy DIR`")
     fn_id, created_at, active, canary_version, weight_pct, started_at = found

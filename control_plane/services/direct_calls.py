@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call, Replica, Worker
@@ -108,7 +108,9 @@ def claim_of(
 
 def has_queued(session: Session, function: str) -> bool:
     """Whether calls of ``function`` wait for a replica (then a reconcile pass is due)."""
-    first = session.scalar(
-        select(Call.id).where(Call.function == function, Call.status == "queued").limit(1)
-    )
-    return first is not None
+    return session.scalar(_FIRST_QUEUED, {"function": function}) is not None
+
+
+_FIRST_QUEUED = (
+    select(Call.id).where(Call.function == bindparam("function"), Call.status == "queued").limit(1)
+)

@@ -14,7 +14,7 @@ import json
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call, Replica, Worker
@@ -194,6 +194,21 @@ def outstanding(session: Session, replica_ids: list[str]) -> dict[str, int]:
     return {str(rid): int(n) for rid, n in rows}
 
 
+# ``views``' one read, built once (a statement used again is not built and keyed anew).
+_IN_FLIGHT = (
+    select(func.count(Call.id))
+    .where(Call.replica_id == Replica.id, Call.status.in_(IN_FLIGHT_CALL_STATES))
+    .correlate(Replica)
+    .scalar_subquery()
+)
+_VIEWS = (
+    select(Replica, _IN_FLIGHT, Worker.data_addr, Worker.data_token)
+    .outerjoin(Worker, Worker.id == Replica.worker_id)
+    .where(Replica.function == bindparam("function"), Replica.state.in_(LIVE_REPLICA_STATES))
+    .order_by(Replica.created_at)
+)
+
+
 @dataclass(frozen=True)
 class DataPort:
     """A worker's direct call port (``worker.dataplane``); None: it has none."""
@@ -208,18 +223,7 @@ def views(
     """The function's live replicas as the router sees them, in one read: each with
     its outstanding calls, and in ``ports`` (when given) its worker's direct port.
     The rows stay held by the session (``route_one``'s ``get`` reads nothing)."""
-    in_flight = (
-        select(func.count(Call.id))
-        .where(Call.replica_id == Replica.id, Call.status.in_(IN_FLIGHT_CALL_STATES))
-        .correlate(Replica)
-        .scalar_subquery()
-    )
-    rows = session.execute(
-        select(Replica, in_flight, Worker.data_addr, Worker.data_token)
-        .outerjoin(Worker, Worker.id == Replica.worker_id)
-        .where(Replica.function == function, Replica.state.in_(LIVE_REPLICA_STATES))
-        .order_by(Replica.created_at)
-    ).all()
+    rows = session.execute(_VIEWS, {"function": function}).all()
     hold(session, [r for r, *_ in rows])
     out = []
     for r, n, addr, token in rows:
