@@ -15,15 +15,17 @@ commits and then wakes waiters (``services.invocations``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, Update, bindparam, case, func, select, update
+from sqlalchemy import Table, Update, bindparam, case, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
 
 from control_plane.db.models import Call, CallOutput, Replica
@@ -111,28 +113,29 @@ def _canonical(value: Any) -> str:
         raise BadRequestError(f"inputs and outputs must be strict JSON: {exc}") from None
 
 
-def accept(
+@contextlib.contextmanager
+def accepting(
     session: Session,
     now: float,
     who: Principal,
     fn: ActiveVersion,
     req: CallRequest,
     registry: Registry | None = None,
-) -> tuple[Call, bool]:
-    """Record a call as queued; with an idempotency key, return the existing one.
+) -> Iterator[tuple[Call, bool]]:
+    """Record a call as queued; with an idempotency key, find the existing one.
 
-    Returns (call, created). Raises ``ConflictError`` when the key was used
-    with a different input, ``BadRequestError`` for an adapter that is neither
-    listed by the function nor in ``registry`` (the replica loads an unlisted
-    one on first use).
+    Yields (call, created); a new call is written when the block ends without an
+    error, so routing it in the block (``dispatching.mark_dispatched``) changes
+    it before it is written: a call taken at once is one INSERT (a Core one:
+    the ORM's unit of work costs several times as much for one row). Raises
+    ``ConflictError`` when the key was used with a different input,
+    ``BadRequestError`` for an adapter that is neither listed by the function
+    nor in ``registry`` (the replica loads an unlisted one on first use).
 
-    A call without a key is inserted when the session flushes (at the latest
-    on commit): routing it in the same session (``dispatching.mark_dispatched``)
-    then changes the row before it is written, so a call taken at once is one
-    INSERT. A call with a key is inserted here, to find out whether another
-    request with the same key won: its transaction is then rolled back and the
-    winner's call returned, so the session must hold no other pending writes.
-    No savepoint: on SQLite the driver would commit it on release, and the
+    A call with a key is inserted at once, to find out whether another request
+    with the same key won: its transaction is then rolled back and the winner's
+    call yielded, so the session must hold no other pending writes. No
+    savepoint: on SQLite the driver would commit it on release, and the
     reconciler could dispatch the call before the caller's transaction ends.
     """
     who.require("invoke", fn.name)
@@ -140,13 +143,30 @@ def accept(
         _check_unlisted_adapter(registry, fn, req.adapter)
     input_json = _canonical(req.input)
     if req.idempotency_key is not None:
-        existing = _by_idempotency(session, fn.name, who.key_id, req.idempotency_key)
-        if existing is not None:
-            return _same_or_conflict(existing, input_json), False
+        yield _accept_once(session, now, who, fn, req, input_json)
+        return
+    row = _new_call(now, who, fn, req, input_json)
+    yield row, True
+    written = {c.key: getattr(row, c.key) for c in CALLS.columns}  # unset ones: None
+    session.execute(insert(CALLS), [written])
+    note_written(row, written)  # every column present: as if it had been read,
+    make_transient_to_detached(row)  # so a later session may merge it unread
+
+
+def _accept_once(
+    session: Session,
+    now: float,
+    who: Principal,
+    fn: ActiveVersion,
+    req: CallRequest,
+    input_json: str,
+) -> tuple[Call, bool]:
+    """A call with an idempotency key: the existing one, or a new one written now."""
+    existing = _by_idempotency(session, fn.name, who.key_id, req.idempotency_key)
+    if existing is not None:
+        return _same_or_conflict(existing, input_json), False
     row = _new_call(now, who, fn, req, input_json)
     session.add(row)
-    if req.idempotency_key is None:
-        return row, True
     try:
         session.flush()
     except IntegrityError:
@@ -293,7 +313,7 @@ def finalize(
         return False
     loaded = session.identity_map.get(session.identity_key(Call, call_id))
     if loaded is not None:  # this session's copy, as written (no re-read)
-        note_written(session, loaded, values)
+        note_written(loaded, values)
         if stop_worker:
             session.expire(loaded, ["cancel_pending"])  # computed by the database
     _complete_books(session, metrics, now, call_id, status, adapter_hit, Ended(*ended))
@@ -320,7 +340,7 @@ def _finalize_statement(columns: tuple[str, ...], stop_worker: bool, by_attempt:
     )
 
 
-def note_written(session: Session, row: Call, values: dict[str, Any]) -> None:
+def note_written(row: Call, values: dict[str, Any]) -> None:
     """Make ``row`` (this session's copy) show what an UPDATE of ``values`` wrote."""
     for name, value in values.items():
         set_committed_value(row, name, value)
@@ -372,7 +392,7 @@ def _complete_books(
         )
         loaded = session.identity_map.get(session.identity_key(Call, call_id))
         if loaded is not None:
-            note_written(session, loaded, values)
+            note_written(loaded, values)
     if ended.cold:  # the first output phase, on the call and on its replica's first call
         row = session.get(Call, call_id)
         replica = session.get(Replica, row.replica_id) if row and row.replica_id else None

@@ -62,7 +62,7 @@ def mark_dispatched(
     session: Session, call: Call, replica: Replica, fn: ActiveVersion, now: float
 ) -> bool:
     """queued → dispatched on ``replica``; False when the call was no longer queued.
-    A call not yet inserted (``calls.accept``) is changed before it is written."""
+    A call not yet written (``calls.accepting``) is changed before it is written."""
     cold = replica.ready_at is not None and replica.ready_at >= call.accepted_at
     phases = coldstart.replica_phases(replica) if cold else {}
     timings = {**json.loads(call.timings_json), "queue_wait": (now - call.accepted_at) * 1000}
@@ -75,7 +75,7 @@ def mark_dispatched(
         "phases_json": json.dumps(phases),
         "timings_json": json.dumps(timings),
     }
-    if inspect(call).pending:  # nobody else can see it yet
+    if not inspect(call).has_identity:  # not written yet: nobody else can see it
         for name, value in values.items():
             setattr(call, name, value)
         return True
@@ -88,7 +88,7 @@ def mark_dispatched(
     if result.rowcount != 1:  # type: ignore[attr-defined]
         session.expire(call)  # someone else moved it: read it again if used
         return False
-    calls.note_written(session, call, values)  # the session's copy, as written (no re-read)
+    calls.note_written(call, values)  # the session's copy, as written (no re-read)
     return True
 
 

@@ -70,9 +70,8 @@ class Invocations:
         with self.direct.lock if fast else contextlib.nullcontext(), self.s.db.session() as session:
             fn = canary.for_call(session, function, self._versions)  # active or canary
             now = self.s.clock()
-            row, created = calls.accept(session, now, who, fn, req, self.s.registry)
-            if fast and created:
-                with session.no_autoflush:  # the new call is written once, routed
+            with calls.accepting(session, now, who, fn, req, self.s.registry) as (row, created):
+                if fast and created:  # routed before it is written
                     breakers = self._breakers.get(session, now, *self._breaker_settings)
                     claim = direct_calls.claim(session, self.s.metrics, fn, row, now, breakers)
             view = calls.view(row)
