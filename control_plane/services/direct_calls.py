@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
-from control_plane.db.models import Call, Replica, Worker
+from control_plane.db.models import Call, Replica
 from control_plane.metrics import Metrics
 from control_plane.protocol import RunCall
 from control_plane.services import replicas
@@ -76,23 +76,12 @@ def claim(
     done = route_one(session, metrics, fn, call, views, now)
     if not isinstance(done, Dispatched):
         return None
-    return claim_of(session, fn.name, call, done, ports.get(done.replica.id))
+    return claim_of(fn.name, call, done, ports[done.replica.id])
 
 
-def claim_of(
-    session: Session,
-    function: str,
-    call: Call,
-    done: Dispatched,
-    port: replicas.DataPort | None = None,
-) -> Claim:
+def claim_of(function: str, call: Call, done: Dispatched, port: replicas.DataPort) -> Claim:
     """The claim for ``call`` as ``route_one`` dispatched it: what sending it needs
-    (``port``: its worker's direct port, when already read)."""
-    if port is None:
-        found = session.execute(
-            select(Worker.data_addr, Worker.data_token).where(Worker.id == done.replica.worker_id)
-        ).first()
-        port = replicas.DataPort(*found) if found is not None else replicas.DataPort(None, None)
+    (``port``: its worker's direct port, as ``replicas.views`` read it)."""
     addr, token = port.addr, port.token
     return Claim(
         call.id,

@@ -162,8 +162,8 @@ class Reconciler:
             if breakers.get(probed) == "half_open":  # one probe call, then wait for it
                 views = {k: v for k, v in views.items() if worker_of.get(k) != probed}
             if self.direct.enabled and not call.stream:
-                port = ports.get(done.replica.id)
-                box.direct_runs.append(direct_calls.claim_of(session, fn.name, call, done, port))
+                port = ports[done.replica.id]
+                box.direct_runs.append(direct_calls.claim_of(fn.name, call, done, port))
             else:
                 box.runs.append((done.replica.worker_id, done.message))
             box.touched_calls.append(call.id)

@@ -172,17 +172,13 @@ def _other_live(session: Session, row: Replica) -> bool:
 
 
 def live(session: Session, function: str) -> list[Replica]:
-    """The function's live replicas, held by the session (a routing step's ``get``
-    of the one it chose reads nothing)."""
-    rows = list(
+    return list(
         session.scalars(
             select(Replica)
             .where(Replica.function == function, Replica.state.in_(LIVE_REPLICA_STATES))
             .order_by(Replica.created_at)
         )
     )
-    hold(session, rows)
-    return rows
 
 
 def outstanding(session: Session, replica_ids: list[str]) -> dict[str, int]:
