@@ -4,6 +4,11 @@ SQLite (the embedded default) is opened in WAL mode with a busy timeout, so
 the server's request threads, its background loop and a CLI can share one
 file; PostgreSQL needs nothing special. Callers own the session's lifetime:
 ``with database.session() as s: ...`` commits on success, rolls back on error.
+
+The hot path runs its Core statements on ``session.connection()``: through
+``session.execute`` each would also pass the ORM's execution layer (events,
+autoflush, compile state), about twice the cost of the statement itself.
+Nothing of the session's is pending there, so nothing needs flushing first.
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ def accepting(
     row = _new_call(now, who, fn, req, input_json)
     yield row, True
     written = {c.key: getattr(row, c.key) for c in CALLS.columns}  # unset ones: None
-    session.execute(insert(CALLS), [written])
+    session.connection().execute(insert(CALLS), written)
     note_written(row, written)  # every column present: as if it had been read,
     make_transient_to_detached(row)  # so a later session may merge it unread
 
@@ -308,7 +308,7 @@ def finalize(
     params.update(call_id=call_id, from_states=list(from_states))
     if attempt is not None:
         params["of_attempt"] = attempt
-    ended = session.execute(stmt, params).one_or_none()
+    ended = session.connection().execute(stmt, params).one_or_none()
     if ended is None:
         return False
     loaded = session.identity_map.get(session.identity_key(Call, call_id))

@@ -115,7 +115,7 @@ def for_call(
 ) -> ActiveVersion:
     """The version a new call of ``name`` is accepted on (one read of the function
     and its canary; the version from ``versions``). Raises ``NotFoundError``."""
-    found = session.execute(_FOR_CALL, {"name": name}).first()
+    found = session.connection().execute(_FOR_CALL, {"name": name}).first()
     if found is None:
         raise NotFoundError(f"no function {name!r}; deploy it with `thaw deploy DIR`")
     fn_id, created_at, active, canary_version, weight_pct, started_at = found

@@ -97,7 +97,7 @@ def claim_of(function: str, call: Call, done: Dispatched, port: replicas.DataPor
 
 def has_queued(session: Session, function: str) -> bool:
     """Whether calls of ``function`` wait for a replica (then a reconcile pass is due)."""
-    return session.scalar(_FIRST_QUEUED, {"function": function}) is not None
+    return session.connection().scalar(_FIRST_QUEUED, {"function": function}) is not None
 
 
 _FIRST_QUEUED = (
