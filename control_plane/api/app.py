@@ -18,6 +18,7 @@ import anyio.to_thread
 from fastapi import Depends, FastAPI
 
 from control_plane.api import errors
+from control_plane.api.fast_invoke import FastInvoke
 from control_plane.api.limits import BodySizeLimit
 from control_plane.api.rate_limits import enforce_rate_limit, make_rate_limiter
 from control_plane.api.routes import (
@@ -164,5 +165,10 @@ def create_app(
         BodySizeLimit,
         max_body_bytes=settings.max_body_bytes,
         path_limits={"/v1/uploads": (settings.max_upload_bytes, "THAW_MAX_UPLOAD_BYTES")},
+    )
+    app.add_middleware(  # outermost of ours: the common invoke skips the rest
+        FastInvoke,
+        state=lambda: (app.state.invocations, services.principals, app.state.rate_limiter),
+        max_body_bytes=settings.max_body_bytes,
     )
     return app

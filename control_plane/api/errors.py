@@ -52,7 +52,7 @@ def status_for(exc: Exception) -> int:
 DATABASE_RETRY_AFTER_S = 1.0
 
 
-async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+def _database_unavailable(exc: Exception) -> JSONResponse:
     detail = (
         "the database is unavailable right now (restarting, unreachable or busy); retry "
         "the request shortly, with an Idempotency-Key so that a call is not sent twice"
@@ -61,7 +61,16 @@ async def _database_unavailable(request: Request, exc: Exception) -> JSONRespons
     return JSONResponse({"detail": detail}, status_code=503, headers=headers)
 
 
-async def _handle(request: Request, exc: Exception) -> JSONResponse:
+# What the app answers itself; anything else is a bug: 500, with its traceback logged.
+HANDLED = (ControlPlaneError, ProtocolVersionError, SnapshotterError, OperationalError)
+
+
+def response_for(exc: Exception) -> JSONResponse:
+    """The response for an error the app maps (``HANDLED``); raising ones it does not."""
+    if isinstance(exc, OperationalError):
+        return _database_unavailable(exc)
+    if not isinstance(exc, HANDLED):
+        raise exc
     status = status_for(exc)
     headers: dict[str, str] = {}
     body: dict[str, object] = {"detail": str(exc)}
@@ -75,7 +84,10 @@ async def _handle(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+async def _handle(request: Request, exc: Exception) -> JSONResponse:
+    return response_for(exc)
+
+
 def install(app: FastAPI) -> None:
-    for cls in (ControlPlaneError, ProtocolVersionError, SnapshotterError):
+    for cls in HANDLED:
         app.add_exception_handler(cls, _handle)
-    app.add_exception_handler(OperationalError, _database_unavailable)

@@ -17,6 +17,7 @@ from control_plane.api.deps import PrincipalDep
 from control_plane.errors import NotFoundError
 from control_plane.services import functions
 from control_plane.services.context import Services
+from control_plane.services.keys import Principal
 from control_plane.services.ratelimit import Limit, RateLimiter
 
 
@@ -39,12 +40,19 @@ def make_rate_limiter(services: Services) -> RateLimiter:
     return RateLimiter(services.clock, function_limit_reader(services))
 
 
+def charge_if_known(limiter: RateLimiter, who: Principal, name: str) -> bool:
+    """403 or 429 as errors, else charge the buckets; False (nothing charged) when the
+    function's limit has to be read first (``limiter.check`` off the event loop)."""
+    who.require("invoke", name)
+    if not limiter.knows(name):
+        return False
+    limiter.check(who.key_id, who.rate, name)
+    return True
+
+
 async def enforce_rate_limit(name: str, who: PrincipalDep, request: Request) -> None:
     """401/403/429 for ``POST /v1/functions/{name}/invoke`` before the call exists.
     On the event loop, unless the function's limit has to be read first."""
-    who.require("invoke", name)
     limiter: RateLimiter = request.app.state.rate_limiter
-    if limiter.knows(name):
-        limiter.check(who.key_id, who.rate, name)
-    else:
+    if not charge_if_known(limiter, who, name):
         await run_in_threadpool(limiter.check, who.key_id, who.rate, name)

@@ -27,6 +27,8 @@ from control_plane.api.schemas import CallAccepted, CallPublic, InvokeBody
 from control_plane.api.timing import headers_for
 from control_plane.services.activator import StreamItem, wait_dispatched
 from control_plane.services.calls import CallRequest, CallView
+from control_plane.services.invocations import Invocations
+from control_plane.services.keys import Principal
 
 router = APIRouter(prefix="/v1/functions", tags=["invoke"])
 
@@ -39,10 +41,27 @@ STATUS_BY_FINAL = {
 }
 
 
+# Header limits, checked here and by ``api.fast_invoke`` alike.
+MAX_IDEMPOTENCY_KEY = 200
+MAX_DEADLINE_MS = 86_400_000
+MAX_SESSION = 200
+
+
 def final_response(view: CallView, since: float) -> JSONResponse:
     body = CallPublic.of(view).model_dump(mode="json")
     status = STATUS_BY_FINAL.get(view.status, 200)
     return JSONResponse(body, status, headers=headers_for(view, since))
+
+
+def invoke_sync(
+    inv: Invocations, who: Principal, name: str, req: CallRequest, since: float, start_s: float
+) -> JSONResponse:
+    """A synchronous call, start to end (blocking): the response with its final state.
+    A warm call runs on this thread (the caller waits anyway)."""
+    view, _ = inv.invoke(who, name, req, direct=True)
+    response = final_response(inv.activator.wait_final(view.id, view), since)
+    inv.trace_invoke(view.id, name, start_s, response.status_code, "sync")
+    return response
 
 
 @router.post(
@@ -58,9 +77,9 @@ def invoke(
     request: Request,
     prefer: Annotated[str | None, Header()] = None,
     accept: Annotated[str | None, Header()] = None,
-    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
-    x_thaw_deadline_ms: Annotated[float | None, Header(gt=0, le=86_400_000)] = None,
-    x_thaw_session: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
+    idempotency_key: Annotated[str | None, Header(max_length=MAX_IDEMPOTENCY_KEY)] = None,
+    x_thaw_deadline_ms: Annotated[float | None, Header(gt=0, le=MAX_DEADLINE_MS)] = None,
+    x_thaw_session: Annotated[str | None, Header(min_length=1, max_length=MAX_SESSION)] = None,
 ) -> JSONResponse | StreamingResponse:
     since = time.perf_counter()
     start_s = time.time()  # the trace's root span starts here
@@ -69,28 +88,25 @@ def invoke(
         body.input, body.adapter, stream, idempotency_key, x_thaw_deadline_ms, x_thaw_session
     )
     respond_async = prefer is not None and "respond-async" in prefer
-    # A synchronous caller waits anyway: a warm call may run on its own thread.
-    view, _ = inv.invoke(who, name, req, direct=not (respond_async or stream))
+    if not (respond_async or stream):
+        return invoke_sync(inv, who, name, req, since, start_s)
+    view, _ = inv.invoke(who, name, req)
     if respond_async:
         accepted = CallAccepted(call_id=view.id, status=view.status).model_dump()
         headers = {**headers_for(view, since), "Location": f"/v1/calls/{view.id}"}
         inv.trace_invoke(view.id, name, start_s, 202, "async")
         return JSONResponse(accepted, 202, headers=headers)
-    if stream:
-        view = wait_dispatched(inv.activator, view.id)
-        items = inv.activator.stream(view.id)
-        return StreamingResponse(
-            until_disconnect(
-                request,
-                _sse(items, lambda: inv.trace_invoke(view.id, name, start_s, 200, "stream")),
-                lambda: inv.activator.client_gone(view.id),
-            ),
-            media_type="text/event-stream",
-            headers=headers_for(view, since),
-        )
-    response = final_response(inv.activator.wait_final(view.id, view), since)
-    inv.trace_invoke(view.id, name, start_s, response.status_code, "sync")
-    return response
+    view = wait_dispatched(inv.activator, view.id)
+    items = inv.activator.stream(view.id)
+    return StreamingResponse(
+        until_disconnect(
+            request,
+            _sse(items, lambda: inv.trace_invoke(view.id, name, start_s, 200, "stream")),
+            lambda: inv.activator.client_gone(view.id),
+        ),
+        media_type="text/event-stream",
+        headers=headers_for(view, since),
+    )
 
 
 def _sse(items: Iterator[StreamItem], done: Callable[[], None]) -> Iterator[bytes]:

@@ -1,0 +1,180 @@
+"""The common invoke, served in front of the framework.
+
+Most calls are the same request: a synchronous ``POST
+/v1/functions/{name}/invoke`` with a JSON body, by a key verified a moment
+ago. FastAPI spends about 2 ms of CPU on each before the call starts (route
+matching across every route, dependency solving, a body read and a send
+wrapper per middleware layer), as much as the call itself costs thaw. This
+ASGI layer, outermost, serves exactly those requests:
+
+- ``POST`` to the invoke path, neither ``Prefer: respond-async`` nor
+  ``Accept: text/event-stream``;
+- a bearer token this process verified within ``THAW_AUTH_CACHE_TTL_S``
+  (``keys.PrincipalCache``), for a function whose rate limit it has loaded;
+- a declared ``Content-Length`` within ``THAW_MAX_BODY_BYTES`` and
+  ``application/json``; a body and headers that validate.
+
+Anything else goes on to the app unchanged, with the body replayed when it was
+read, so ``routes.invoke`` stays the one reference for status codes and error
+bodies. A request taken here runs the route's own code (``invoke_sync``, the
+rate-limit charge) and answers errors through the app's own mapping
+(``errors.response_for``), so the two paths cannot answer differently.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+
+import anyio.to_thread
+from pydantic import ValidationError
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from control_plane.api import errors
+from control_plane.api.rate_limits import charge_if_known
+from control_plane.api.routes.invoke import (
+    MAX_DEADLINE_MS,
+    MAX_IDEMPOTENCY_KEY,
+    MAX_SESSION,
+    invoke_sync,
+)
+from control_plane.api.schemas import InvokeBody
+from control_plane.services.calls import CallRequest
+from control_plane.services.invocations import Invocations
+from control_plane.services.keys import Principal, PrincipalCache
+from control_plane.services.ratelimit import RateLimiter
+
+_PATH = re.compile(r"/v1/functions/([^/]+)/invoke")
+_DEADLINE = re.compile(rb"[0-9]+(\.[0-9]+)?")
+_BEARER = b"bearer "
+
+
+class FastInvoke:
+    """``state()`` gives what a request needs, read at each request from the app's
+    state (tests may swap the rate limiter)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        state: Callable[[], tuple[Invocations, PrincipalCache | None, RateLimiter]],
+        max_body_bytes: int,
+    ) -> None:
+        self.app = app
+        self.state = state
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+            await self.app(scope, receive, send)
+            return
+        match = _PATH.fullmatch(scope["path"])
+        taken = self._take(scope) if match else None
+        if match is None or taken is None:
+            await self.app(scope, receive, send)
+            return
+        name = match.group(1)
+        who, length, headers = taken
+        body = await _read_body(receive, length)
+        if body is None:
+            return  # the client went away before its body arrived
+        req = _request(body, headers)
+        if req is None:  # not valid: the app says what is wrong
+            await self.app(scope, _replay(body, receive), send)
+            return
+        since = time.perf_counter()
+        start_s = time.time()
+        inv, _, limiter = self.state()
+        try:
+            if not charge_if_known(limiter, who, name):
+                await self.app(scope, _replay(body, receive), send)
+                return
+            response: Response = await anyio.to_thread.run_sync(
+                invoke_sync, inv, who, name, req, since, start_s
+            )
+        except errors.HANDLED as exc:
+            response = errors.response_for(exc)
+        await response(scope, receive, send)
+
+    def _take(self, scope: Scope) -> tuple[Principal, int, dict[bytes, bytes]] | None:
+        """(the key's principal, the body's length, the headers) when this layer can
+        serve the request; None: the app serves it."""
+        headers: dict[bytes, bytes] = {}
+        for k, v in scope["headers"]:
+            headers.setdefault(k, v)
+        if b"respond-async" in headers.get(b"prefer", b""):
+            return None
+        if b"text/event-stream" in headers.get(b"accept", b""):
+            return None
+        if not headers.get(b"content-type", b"").startswith(b"application/json"):
+            return None
+        length = headers.get(b"content-length", b"")
+        if not length.isdigit() or int(length) > self.max_body_bytes:
+            return None
+        auth = headers.get(b"authorization", b"")
+        if auth[: len(_BEARER)].lower() != _BEARER:
+            return None
+        _, cache, _ = self.state()
+        who = cache.get(auth[len(_BEARER) :].decode("latin-1")) if cache is not None else None
+        if who is None:
+            return None
+        return who, int(length), headers
+
+
+async def _read_body(receive: Receive, length: int) -> bytes | None:
+    """The whole body (``length`` bytes were declared); None when the client left."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    return body if len(body) <= length else None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` as if the body had not been read yet."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replayed
+
+
+def _request(body: bytes, headers: dict[bytes, bytes]) -> CallRequest | None:
+    """The call the request asks for; None when the body or a header is not valid."""
+    try:
+        parsed = InvokeBody.model_validate(json.loads(body))
+        idempotency_key = _text(headers.get(b"idempotency-key"), 0, MAX_IDEMPOTENCY_KEY)
+        session = _text(headers.get(b"x-thaw-session"), 1, MAX_SESSION)
+        deadline_ms = _deadline(headers.get(b"x-thaw-deadline-ms"))
+    except (ValueError, ValidationError, RecursionError):
+        return None
+    return CallRequest(parsed.input, parsed.adapter, False, idempotency_key, deadline_ms, session)
+
+
+def _text(raw: bytes | None, least: int, most: int) -> str | None:
+    if raw is None:
+        return None
+    text = raw.decode("latin-1")
+    if not least <= len(text) <= most:
+        raise ValueError(text)
+    return text
+
+
+def _deadline(raw: bytes | None) -> float | None:
+    if raw is None:
+        return None
+    if not _DEADLINE.fullmatch(raw) or not 0 < float(raw) <= MAX_DEADLINE_MS:
+        raise ValueError(raw)
+    return float(raw)
