@@ -16,9 +16,10 @@ from pathlib import Path
 
 import anyio.to_thread
 from fastapi import Depends, FastAPI
+from starlette.types import ASGIApp
 
 from control_plane.api import errors
-from control_plane.api.fast_invoke import FastInvoke
+from control_plane.api.fast_invoke import FastInvoke, invoke_threads
 from control_plane.api.limits import BodySizeLimit
 from control_plane.api.rate_limits import enforce_rate_limit, make_rate_limiter
 from control_plane.api.routes import (
@@ -54,8 +55,6 @@ from control_plane.settings import Settings
 from control_plane.tracing import open_tracing, tracing_config
 from snapshotter.registry import Registry
 from snapshotter.stores import open_store
-
-SYNC_THREADS = 256
 
 
 def default_dispatcher(settings: Settings) -> Dispatcher:
@@ -108,6 +107,14 @@ def _write_secret(path: Path, token: str) -> None:
         f.write(token + "\n")
 
 
+class ControlPlaneApp(FastAPI):
+    """FastAPI, with the common invoke served in front of its whole middleware stack
+    (``api.fast_invoke``)."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return FastInvoke(super().build_middleware_stack())
+
+
 def create_app(
     settings: Settings,
     *,
@@ -125,7 +132,7 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Synchronous and streaming invokes hold a worker thread while they
         # wait; anyio's default of 40 would cap concurrent waiting callers.
-        anyio.to_thread.current_default_thread_limiter().total_tokens = SYNC_THREADS
+        anyio.to_thread.current_default_thread_limiter().total_tokens = invoke.SYNC_THREADS
         if run_loop:
             loop.start()
         try:
@@ -133,6 +140,7 @@ def create_app(
         finally:
             if run_loop:
                 loop.stop()
+            app.state.invoke_threads.shutdown(wait=False)
             services.dispatcher.close()
             if services.direct is not None:
                 services.direct.close()
@@ -141,7 +149,7 @@ def create_app(
 
     # The OpenAPI document is served by routes/health.py behind a key, like
     # everything but /healthz; FastAPI's own open /docs and /openapi.json are off.
-    app = FastAPI(
+    app = ControlPlaneApp(
         title="thaw control plane",
         version="1",
         lifespan=lifespan,
@@ -152,6 +160,7 @@ def create_app(
     app.state.services = services
     app.state.reconciler = reconciler
     app.state.invocations = Invocations(services, reconciler)
+    app.state.invoke_threads = invoke_threads()
     app.state.bootstrap_admin_key = _bootstrap(services)
     app.state.rate_limiter = make_rate_limiter(services)
     errors.install(app)
@@ -165,10 +174,5 @@ def create_app(
         BodySizeLimit,
         max_body_bytes=settings.max_body_bytes,
         path_limits={"/v1/uploads": (settings.max_upload_bytes, "THAW_MAX_UPLOAD_BYTES")},
-    )
-    app.add_middleware(  # outermost of ours: the common invoke skips the rest
-        FastInvoke,
-        state=lambda: (app.state.invocations, services.principals, app.state.rate_limiter),
-        max_body_bytes=settings.max_body_bytes,
     )
     return app

@@ -38,9 +38,7 @@ class Exchange:
     headers: dict[bytes, bytes] = field(default_factory=dict)
 
 
-def _exchange(
-    layer_of: Callable[[Any], FastInvoke], body: bytes, headers: dict[str, str]
-) -> Exchange:
+def _exchange(app: Any, body: bytes, headers: dict[str, str]) -> Exchange:
     out = Exchange()
 
     async def app_behind(scope: Any, receive: Any, send: Any) -> None:
@@ -74,9 +72,10 @@ def _exchange(
             "method": "POST",
             "path": PATH,
             "root_path": "",
+            "app": app,
             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
         }
-        await layer_of(app_behind)(scope, receive, send)
+        await FastInvoke(app_behind)(scope, receive, send)
 
     asyncio.run(run())
     return out
@@ -84,8 +83,10 @@ def _exchange(
 
 @pytest.fixture
 def served_app(tmp_path: Path, cp_store: StoreFixture) -> Iterator[tuple[Any, httpx.Client]]:
-    """An app with ``echo`` deployed (no worker, no reconcile loop) and an admin client."""
-    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'thaw.db'}", cp_store.root)
+    """An app with ``echo`` deployed (no worker, no reconcile loop; bodies of at most
+    1000 bytes) and an admin client."""
+    url = f"sqlite:///{tmp_path / 'thaw.db'}"
+    settings = make_settings(tmp_path, url, cp_store.root, max_body_bytes=1000)
     app = create_app(settings, dispatcher=InMemoryDispatcher(), run_loop=False)
     with serve(app) as base_url:
         headers = {"Authorization": f"Bearer {app.state.bootstrap_admin_key}"}
@@ -104,16 +105,12 @@ def test_serves_a_sync_call_by_a_verified_key_and_passes_on_the_rest(
     services.principals.put("thaw_k2_secret", Principal("k2", frozenset({"invoke"}), "other"))
     app.state.rate_limiter.check("k1", None, "echo")  # its limit is known from now on
 
-    def layer_of(behind: Any) -> FastInvoke:
-        state = (app.state.invocations, services.principals, app.state.rate_limiter)
-        return FastInvoke(behind, state=lambda: state, max_body_bytes=1000)
-
     good = json.dumps({"input": {"x": 1}}).encode()
     auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
     sized = {**auth, "Content-Length": str(len(good))}
 
     # Served here: the call is accepted, finds no replica, and expires at its deadline.
-    ex = _exchange(layer_of, good, {**sized, "X-Thaw-Deadline-Ms": "100"})
+    ex = _exchange(app, good, {**sized, "X-Thaw-Deadline-Ms": "100"})
     assert not ex.passed_on and ex.status == 504, ex
     call_id = json.loads(ex.body)["call_id"]  # with the phases so far
     assert ex.headers[b"x-thaw-call-id"] == call_id.encode()
@@ -121,12 +118,12 @@ def test_serves_a_sync_call_by_a_verified_key_and_passes_on_the_rest(
 
     # Served here too: errors, answered the way the app answers them.
     other = {**sized, "Authorization": "Bearer thaw_k2_secret"}
-    ex = _exchange(layer_of, good, other)
+    ex = _exchange(app, good, other)
     assert (ex.passed_on, ex.status) == (False, 403) and b"limited to function" in ex.body
     slow = Limit(1e-6, 1)
     services.principals.put(TOKEN, Principal("k1", frozenset({"invoke"}), rate=slow))
     app.state.rate_limiter.check("k1", slow, "echo")  # its one token is spent
-    ex = _exchange(layer_of, good, sized)
+    ex = _exchange(app, good, sized)
     assert (ex.passed_on, ex.status) == (False, 429) and b"retry-after" in ex.headers
 
     # Passed on, body intact: what the app must judge or serve differently.
@@ -147,7 +144,7 @@ def test_serves_a_sync_call_by_a_verified_key_and_passes_on_the_rest(
         "a long idempotency key": (good, {**sized, "Idempotency-Key": "k" * 201}),
     }
     for what, (body, headers) in passed.items():
-        ex = _exchange(layer_of, body, headers)
+        ex = _exchange(app, body, headers)
         assert (ex.passed_on, ex.status, ex.app_got) == (True, 299, body), what
 
 

@@ -45,6 +45,9 @@ STATUS_BY_FINAL = {
 MAX_IDEMPOTENCY_KEY = 200
 MAX_DEADLINE_MS = 86_400_000
 MAX_SESSION = 200
+# Synchronous and streaming calls waiting at once, each holding a thread; past
+# this, callers wait for one.
+SYNC_THREADS = 256
 
 
 def final_response(view: CallView, since: float) -> JSONResponse:
