@@ -56,7 +56,7 @@ def hold(session: Session, rows: Iterable[object]) -> None:
 
     The identity map holds rows weakly: a row read by one step and dropped is
     read again by the next step's ``session.get``. A step that hands only ids
-    or views on (``replicas.views``, ``calls.get_row``) holds its rows instead.
+    or views on (``calls.get_row``) holds its rows instead.
     """
     held: list[object] = session.info.setdefault("held_rows", [])
     held.extend(rows)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
-from control_plane.db.models import Call, Replica
+from control_plane.db.models import Call
 from control_plane.metrics import Metrics
 from control_plane.protocol import RunCall
 from control_plane.services import replicas
@@ -61,36 +61,32 @@ def claim(
     """
     if call.status != "queued":
         return None
-    ports: dict[str, replicas.DataPort] = {}
-    views = [v for v in replicas.views(session, fn.name, ports) if v.state == "ready"]
+    places: dict[str, replicas.ReplicaHome] = {}
+    views = [v for v in replicas.views(session, fn.name, places) if v.state == "ready"]
     if breakers:
-        rows = session.execute(
-            select(Replica.id, Replica.worker_id).where(Replica.function == fn.name)
-        )
-        state = {r: breakers.get(w, "closed") for r, w in rows.tuples().all()}
-        if any(state.get(v.id) == "half_open" for v in views):
+        state = {v.id: breakers.get(places[v.id].worker_id, "closed") for v in views}
+        if "half_open" in state.values():
             return None
-        views = [v for v in views if state.get(v.id, "closed") == "closed"]
+        views = [v for v in views if state[v.id] == "closed"]
     if not views:
         return None
-    done = route_one(session, metrics, fn, call, views, now)
+    done = route_one(session, metrics, fn, call, views, places, now)
     if not isinstance(done, Dispatched):
         return None
-    return claim_of(fn.name, call, done, ports[done.replica.id])
+    return claim_of(fn.name, call, done)
 
 
-def claim_of(function: str, call: Call, done: Dispatched, port: replicas.DataPort) -> Claim:
-    """The claim for ``call`` as ``route_one`` dispatched it: what sending it needs
-    (``port``: its worker's direct port, as ``replicas.views`` read it)."""
-    addr, token = port.addr, port.token
+def claim_of(function: str, call: Call, done: Dispatched) -> Claim:
+    """The claim for ``call`` as ``route_one`` dispatched it: what sending it needs."""
+    place = done.place
     return Claim(
         call.id,
         function,
-        done.replica.worker_id,
+        place.worker_id,
         done.message,
         call.deadline_at,
-        addr if token else None,
-        token,
+        place.data_addr if place.data_token else None,
+        place.data_token,
         call,
     )
 

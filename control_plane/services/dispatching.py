@@ -12,6 +12,7 @@ call was no longer queued). Nothing is sent here.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,6 +24,7 @@ from control_plane.metrics import Metrics
 from control_plane.protocol import RunCall
 from control_plane.services import affinity, calls, coldstart, router
 from control_plane.services.functions import ActiveVersion
+from control_plane.services.replicas import ReplicaHome
 from control_plane.services.router import ReplicaView
 from control_plane.tracing import call_traceparent
 
@@ -32,8 +34,8 @@ TAKEN: Literal["taken"] = "taken"
 
 @dataclass(frozen=True)
 class Dispatched:
-    replica: Replica
-    view: ReplicaView  # as chosen, before this call
+    place: ReplicaHome  # where the replica runs
+    view: ReplicaView  # the replica as chosen, before this call
     message: RunCall
 
 
@@ -43,32 +45,43 @@ def route_one(
     fn: ActiveVersion,
     call: Call,
     views: list[ReplicaView],
+    places: Mapping[str, ReplicaHome],
     now: float,
 ) -> Dispatched | Literal["no_room", "taken"]:
-    """Dispatch ``call`` to one of ``views`` (see the module docstring)."""
+    """Dispatch ``call`` to one of ``views``, which run at ``places`` (as
+    ``replicas.views`` read them; see the module docstring)."""
     limit = fn.spec.replica_capacity  # a batched replica takes a whole batch
     route = affinity.call_route(session, fn, call, limit)
     decision = router.route(views, route)
     if decision is None:
         return NO_ROOM
-    replica = session.get(Replica, decision.replica.id)
-    if replica is None or not mark_dispatched(session, call, replica, fn, now):
+    replica_id = decision.replica.id
+    place = places[replica_id]
+    if not mark_dispatched(session, call, replica_id, place.ready_at, fn, now):
         return TAKEN
     affinity.observe(metrics, fn.name, call, route, decision)
-    return Dispatched(replica, decision.replica, run_message(call, replica, fn))
+    return Dispatched(place, decision.replica, run_message(call, replica_id, fn))
 
 
 def mark_dispatched(
-    session: Session, call: Call, replica: Replica, fn: ActiveVersion, now: float
+    session: Session,
+    call: Call,
+    replica_id: str,
+    ready_at: float | None,
+    fn: ActiveVersion,
+    now: float,
 ) -> bool:
-    """queued → dispatched on ``replica``; False when the call was no longer queued.
-    A call not yet written (``calls.accepting``) is changed before it is written."""
-    cold = replica.ready_at is not None and replica.ready_at >= call.accepted_at
-    phases = coldstart.replica_phases(replica) if cold else {}
+    """queued → dispatched on the replica (ready since ``ready_at``); False when the
+    call was no longer queued. A call not yet written (``calls.accepting``) is
+    changed before it is written. A call that waited for its replica to start (a
+    cold one) takes the replica's phases, read here."""
+    cold = ready_at is not None and ready_at >= call.accepted_at
+    replica = session.get(Replica, replica_id) if cold else None
+    phases = coldstart.replica_phases(replica) if replica is not None else {}
     timings = {**json.loads(call.timings_json), "queue_wait": (now - call.accepted_at) * 1000}
     values = {
         "status": "dispatched",
-        "replica_id": replica.id,
+        "replica_id": replica_id,
         "version": fn.version,
         "dispatched_at": now,
         "cold": cold,
@@ -92,11 +105,11 @@ def mark_dispatched(
     return True
 
 
-def run_message(call: Call, replica: Replica, fn: ActiveVersion) -> RunCall:
+def run_message(call: Call, replica_id: str, fn: ActiveVersion) -> RunCall:
     return RunCall(
         call_id=call.id,
         attempt=call.attempt,
-        replica_id=replica.id,
+        replica_id=replica_id,
         function=fn.name,
         input=json.loads(call.input_json),
         adapter=call.adapter,

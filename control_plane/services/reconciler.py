@@ -137,35 +137,29 @@ class Reconciler:
         if not queued:
             return
         breakers = self._breakers(session, now)
-        worker_of = _workers_of(session, fn.name) if breakers else {}
-        ports: dict[str, replicas.DataPort] = {}
-        views = {
-            v.id: v
-            for v in replicas.views(session, fn.name, ports)
-            if breakers.get(worker_of.get(v.id, ""), "closed") != "open"
-        }
+        places: dict[str, replicas.ReplicaHome] = {}
+        views = {v.id: v for v in replicas.views(session, fn.name, places)}
+        worker_of = {rid: place.worker_id for rid, place in places.items()}
+        views = {k: v for k, v in views.items() if breakers.get(worker_of[k], "closed") != "open"}
         for call in queued:
             # A half-open worker's probe goes first; if it cannot take it, any replica.
-            done = dispatching.route_one(
-                session, self.s.metrics, fn, call, _probe_first(views, worker_of, breakers), now
-            )
+            first = _probe_first(views, worker_of, breakers)
+            done = dispatching.route_one(session, self.s.metrics, fn, call, first, places, now)
             if done == dispatching.NO_ROOM:
-                done = dispatching.route_one(
-                    session, self.s.metrics, fn, call, list(views.values()), now
-                )
+                rest = list(views.values())
+                done = dispatching.route_one(session, self.s.metrics, fn, call, rest, places, now)
             if done == dispatching.NO_ROOM:
                 return
             if not isinstance(done, dispatching.Dispatched):
                 continue  # no longer queued: someone else dispatched it
             views[done.view.id] = replace(done.view, outstanding=done.view.outstanding + 1)
-            probed = done.replica.worker_id
+            probed = done.place.worker_id
             if breakers.get(probed) == "half_open":  # one probe call, then wait for it
                 views = {k: v for k, v in views.items() if worker_of.get(k) != probed}
             if self.direct.enabled and not call.stream:
-                port = ports[done.replica.id]
-                box.direct_runs.append(direct_calls.claim_of(fn.name, call, done, port))
+                box.direct_runs.append(direct_calls.claim_of(fn.name, call, done))
             else:
-                box.runs.append((done.replica.worker_id, done.message))
+                box.runs.append((probed, done.message))
             box.touched_calls.append(call.id)
 
     def _scale(self, session: Session, fn: ActiveVersion, now: float, box: Outbox) -> None:
@@ -354,14 +348,6 @@ def _probe_first(
     first: a least-loaded choice would never pick them), else all of them."""
     probing = [v for v in views.values() if breakers.get(worker_of.get(v.id, "")) == "half_open"]
     return probing or list(views.values())
-
-
-def _workers_of(session: Session, function: str) -> dict[str, str]:
-    """Replica id -> worker id for the function's replicas."""
-    rows = session.execute(
-        select(Replica.id, Replica.worker_id).where(Replica.function == function)
-    ).all()
-    return {str(r): str(w) for r, w in rows}
 
 
 def _count(session: Session, function: str, states: tuple[str, ...], version: int) -> int:

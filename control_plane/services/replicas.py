@@ -18,7 +18,6 @@ from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call, Replica, Worker
-from control_plane.db.session import hold
 from control_plane.errors import NotFoundError
 from control_plane.metrics import Metrics
 from control_plane.protocol import AdapterSpec, ContainerOptions, ReplicaEvent, StartReplica
@@ -198,7 +197,17 @@ _IN_FLIGHT = (
     .scalar_subquery()
 )
 _VIEWS = (
-    select(Replica, _IN_FLIGHT, Worker.data_addr, Worker.data_token)
+    select(
+        Replica.id,
+        Replica.state,
+        Replica.version,
+        Replica.adapters_json,
+        _IN_FLIGHT,
+        Replica.worker_id,
+        Replica.ready_at,
+        Worker.data_addr,
+        Worker.data_token,
+    )
     .outerjoin(Worker, Worker.id == Replica.worker_id)
     .where(Replica.function == bindparam("function"), Replica.state.in_(LIVE_REPLICA_STATES))
     .order_by(Replica.created_at)
@@ -206,27 +215,30 @@ _VIEWS = (
 
 
 @dataclass(frozen=True)
-class DataPort:
-    """A worker's direct call port (``worker.dataplane``); None: it has none."""
+class ReplicaHome:
+    """Where a live replica runs, as routing read it: its worker, that worker's
+    direct call port (``worker.dataplane``; None: it has none), and since when the
+    replica is ready (a call accepted before that waited for it: a cold call)."""
 
-    addr: str | None
-    token: str | None
+    worker_id: str
+    ready_at: float | None
+    data_addr: str | None
+    data_token: str | None
 
 
 def views(
-    session: Session, function: str, ports: dict[str, DataPort] | None = None
+    session: Session, function: str, places: dict[str, ReplicaHome] | None = None
 ) -> list[ReplicaView]:
-    """The function's live replicas as the router sees them, in one read: each with
-    its outstanding calls, and in ``ports`` (when given) its worker's direct port.
-    The rows stay held by the session (``route_one``'s ``get`` reads nothing)."""
-    rows = session.execute(_VIEWS, {"function": function}).all()
-    hold(session, [r for r, *_ in rows])
+    """The function's live replicas as the router sees them, in one read of a few
+    columns (no row objects): each with its outstanding calls, and in ``places``
+    (when given) where it runs."""
+    rows = session.connection().execute(_VIEWS, {"function": function}).all()
     out = []
-    for r, n, addr, token in rows:
-        adapters = frozenset(json.loads(r.adapters_json))
-        out.append(ReplicaView(r.id, r.state, r.version, int(n or 0), adapters))
-        if ports is not None:
-            ports[r.id] = DataPort(addr, token)
+    for rid, state, version, adapters_json, n, worker_id, ready_at, addr, token in rows:
+        adapters = frozenset(json.loads(adapters_json))
+        out.append(ReplicaView(rid, state, version, int(n or 0), adapters))
+        if places is not None:
+            places[rid] = ReplicaHome(worker_id, ready_at, addr, token)
     return out
 
 
