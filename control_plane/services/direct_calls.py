@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call
@@ -41,8 +40,9 @@ class Claim:
     deadline_at: float
     data_addr: str | None  # None: the worker has no direct port; send through its queue
     data_token: str | None
-    # The call's row as dispatched (detached): recording its events starts from it
-    # instead of reading it again. Whatever changed since, the guarded updates see.
+    # The call's row as dispatched (detached): recording each event attaches it to
+    # that event's session instead of reading it again, so it follows what was
+    # recorded. Whatever changed since in the database, the guarded updates see.
     row: Call
 
 
@@ -89,13 +89,3 @@ def claim_of(function: str, call: Call, done: Dispatched) -> Claim:
         place.data_token,
         call,
     )
-
-
-def has_queued(session: Session, function: str) -> bool:
-    """Whether calls of ``function`` wait for a replica (then a reconcile pass is due)."""
-    return session.connection().scalar(_FIRST_QUEUED, {"function": function}) is not None
-
-
-_FIRST_QUEUED = (
-    select(Call.id).where(Call.function == bindparam("function"), Call.status == "queued").limit(1)
-)

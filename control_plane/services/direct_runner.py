@@ -21,11 +21,10 @@ import logging
 import threading
 from collections.abc import Callable
 
-from control_plane.db.session import hold
 from control_plane.dispatch.direct import DirectLostError, DirectUnavailableError
 from control_plane.errors import ConflictError
 from control_plane.protocol import FINAL_CALL_EVENTS, CallEvent, RunCall
-from control_plane.services import batching, calls, direct_calls, dispatching
+from control_plane.services import batching, calls, dispatching
 from control_plane.services.call_spans import call_spans
 from control_plane.services.calls import CallView
 from control_plane.services.context import Services
@@ -123,13 +122,14 @@ class DirectRunner:
         """Record one event; the call as it ended when the event ended it."""
         final = ev.kind in FINAL_CALL_EVENTS
         with self.lock, self.s.db.session() as session:
-            hold(session, [session.merge(claim.row, load=False)])  # as dispatched: no read
+            session.add(claim.row)  # as dispatched, detached since: no read, no copy
             try:
-                calls.record_event(session, self.s.metrics, self.s.clock(), claim.call_id, ev)
+                kick = calls.record_event(
+                    session, self.s.metrics, self.s.clock(), claim.call_id, ev
+                )
             except ConflictError:
                 return None  # ended meanwhile (cancelled, deadline): the first end stands
             batching.observe(session, self.s.metrics, claim.function, ev)
-            kick = final and direct_calls.has_queued(session, claim.function)
             view = calls.get(session, claim.call_id) if final else None
         self.s.notifier.notify(claim.call_id)
         if kick:
