@@ -32,7 +32,7 @@ from control_plane.db.models import Call, CallOutput, Replica
 from control_plane.db.session import hold
 from control_plane.errors import BadRequestError, ConflictError, NotFoundError
 from control_plane.metrics import Metrics
-from control_plane.protocol import FINAL_CALL_EVENTS, CallEvent
+from control_plane.protocol import CallEvent
 from control_plane.services import catalog, coldstart
 from control_plane.services.functions import ActiveVersion
 from control_plane.services.keys import Principal
@@ -280,9 +280,10 @@ def finalize(
     adapter_hit: bool | None = None,
     from_states: tuple[str, ...] = NON_FINAL_CALL_STATES,
     attempt: int | None = None,
-) -> bool:
+) -> Ended | None:
     """Move a call to final ``status`` if it is in one of ``from_states`` (by default
-    any non-final state) and, given ``attempt``, still on that attempt. True if this won.
+    any non-final state) and, given ``attempt``, still on that attempt. What the
+    call was when this won; None when it did not.
 
     The winner also completes the call's books: ``total`` (as the control
     plane measured it, unless the worker reported one), a cold call's
@@ -308,16 +309,17 @@ def finalize(
     params.update(call_id=call_id, from_states=list(from_states))
     if attempt is not None:
         params["of_attempt"] = attempt
-    ended = session.connection().execute(stmt, params).one_or_none()
-    if ended is None:
-        return False
+    returned = session.connection().execute(stmt, params).one_or_none()
+    if returned is None:
+        return None
+    ended = Ended(*returned)
     loaded = session.identity_map.get(session.identity_key(Call, call_id))
     if loaded is not None:  # this session's copy, as written (no re-read)
         note_written(loaded, values)
         if stop_worker:
             session.expire(loaded, ["cancel_pending"])  # computed by the database
-    _complete_books(session, metrics, now, call_id, status, adapter_hit, Ended(*ended))
-    return True
+    _complete_books(session, metrics, now, call_id, status, adapter_hit, ended)
+    return ended
 
 
 @functools.cache
@@ -332,11 +334,19 @@ def _finalize_statement(columns: tuple[str, ...], stop_worker: bool, by_attempt:
     where = [c.id == bindparam("call_id"), c.status.in_(bindparam("from_states", expanding=True))]
     if by_attempt:
         where.append(c.attempt == bindparam("of_attempt"))
+    # Not correlated with the updated row: SQLite's RETURNING drops table names,
+    # which would leave ``function = function``. Each name below resolves within its
+    # own subquery, qualified or not.
+    me, queued = CALLS.alias("me"), CALLS.alias("queued")
+    function = select(me.c.function).where(me.c.id == bindparam("call_id")).scalar_subquery()
+    queued_behind = (
+        select(queued.c.id).where(queued.c.function == function, queued.c.status == "queued")
+    ).exists()
     return (
         update(CALLS)
         .where(*where)
         .values(**values)
-        .returning(c.function, c.accepted_at, c.cold, c.adapter, c.timings_json)
+        .returning(c.function, c.accepted_at, c.cold, c.adapter, c.timings_json, queued_behind)
     )
 
 
@@ -357,7 +367,8 @@ def end_at_deadline(session: Session, metrics: Metrics | None, now: float, call_
         session, metrics, now, call_id, "expired", error=never_started, from_states=("queued",)
     ):
         return True
-    return finalize(session, metrics, now, call_id, "timeout", error="the call's deadline passed")
+    error = "the call's deadline passed"
+    return finalize(session, metrics, now, call_id, "timeout", error=error) is not None
 
 
 @dataclass(frozen=True)
@@ -369,6 +380,7 @@ class Ended:
     cold: bool
     adapter: str | None
     timings_json: str
+    queued_behind: bool  # calls of its function wait for a replica: one may take its slot
 
 
 def _complete_books(
@@ -408,8 +420,10 @@ def _complete_books(
 
 def record_event(
     session: Session, metrics: Metrics | None, now: float, call_id: str, ev: CallEvent
-) -> None:
-    """Apply a worker's event. Raises ``ConflictError`` (409) once the call is final.
+) -> bool:
+    """Apply a worker's event; whether calls of the function now wait in the queue
+    after it ended or requeued this one (then a slot is free for them: reconcile).
+    Raises ``ConflictError`` (409) once the call is final.
 
     Every update is guarded by the event's attempt as well as by the read above:
     the call may have been requeued (its worker taken for lost) in between, and a
@@ -431,9 +445,11 @@ def record_event(
             .values(status="running")
             .execution_options(synchronize_session=False)
         )
-    elif ev.kind == "output":
+        return False
+    if ev.kind == "output":
         _add_output(session, metrics, now, row, ev.output, ev.seq)
-    elif ev.kind == "failed" and ev.not_run:
+        return False
+    if ev.kind == "failed" and ev.not_run:
         # It never ran (its replica was gone when it arrived): a new attempt that
         # spends no retry, or a call routed just before its replica's death was
         # known would use up the retries its function gave it for failures.
@@ -449,25 +465,26 @@ def record_event(
             )
             .execution_options(synchronize_session=False)
         )
-    elif ev.kind in FINAL_CALL_EVENTS:
-        if ev.loaded_adapters is not None and row.replica_id is not None:
-            _note_adapters(session, row.replica_id, ev.loaded_adapters)
-        won = finalize(
-            session,
-            metrics,
-            now,
-            call_id,
-            ev.kind,
-            output=ev.output,
-            error=ev.error,
-            timings_ms=ev.timings_ms,
-            adapter_hit=ev.adapter_hit,
-            attempt=ev.attempt,
+        return True
+    if ev.loaded_adapters is not None and row.replica_id is not None:
+        _note_adapters(session, row.replica_id, ev.loaded_adapters)
+    ended = finalize(
+        session,
+        metrics,
+        now,
+        call_id,
+        ev.kind,
+        output=ev.output,
+        error=ev.error,
+        timings_ms=ev.timings_ms,
+        adapter_hit=ev.adapter_hit,
+        attempt=ev.attempt,
+    )
+    if ended is None:
+        raise ConflictError(
+            f"call {call_id} is already final or past attempt {ev.attempt}; stop sending for it"
         )
-        if not won:
-            raise ConflictError(
-                f"call {call_id} is already final or past attempt {ev.attempt}; stop sending for it"
-            )
+    return ended.queued_behind
 
 
 def requeue_or_fail(

@@ -108,7 +108,7 @@ def test_exactly_one_final_state_under_concurrent_enders(db_url: str) -> None:
     def end(status: str) -> None:
         barrier.wait()
         with db.session() as s:
-            if calls.finalize(s, None, 1.0, "c1", status, output=status):
+            if calls.finalize(s, None, 1.0, "c1", status, output=status) is not None:
                 winners.append(status)
 
     threads = [threading.Thread(target=end, args=(st,)) for st in statuses]

@@ -31,7 +31,7 @@ def _call(**fields: Any) -> Call:
         "retries": 1,
         "accepted_at": 0,
     }
-    return Call(**base, **fields)
+    return Call(**{**base, **fields})
 
 
 class CallLifecycle(RuleBasedStateMachine):
@@ -86,7 +86,7 @@ class CallLifecycle(RuleBasedStateMachine):
     @rule(status=st.sampled_from(FINAL_CALL_STATES))
     def someone_ends_it(self, status: str) -> None:
         self.now += 0.1
-        self._end(calls.finalize(self.session, None, self.now, "c", status), status)
+        self._end(calls.finalize(self.session, None, self.now, "c", status) is not None, status)
 
     @rule()
     def deadline_passes(self) -> None:
@@ -153,6 +153,32 @@ def test_a_late_event_of_a_requeued_attempt_moves_nothing() -> None:
     row = reconciler.get(Call, "c")
     assert row is not None
     assert (row.status, row.attempt, row.replica_id) == ("queued", 2, None)
+
+
+def test_an_event_says_whether_calls_of_its_function_wait_for_its_slot(db_url: str) -> None:
+    """A call that ends, or goes back to the queue unrun, frees a slot: the recorder
+    reconciles the function if calls of it (of any version) are queued. On SQLite
+    and PostgreSQL: the answer is a subquery in ``finalize``'s RETURNING."""
+    engine = create_engine(db_url)
+    Base.metadata.create_all(engine)
+    with Session(engine) as s:
+        for cid in ("a", "b", "c"):
+            s.add(_call(id=cid, status="dispatched", timeout_s=60, deadline_at=60, replica_id="r1"))
+        other = _call(id="o", function="g", status="queued", timeout_s=60, deadline_at=60)
+        s.add(other)
+        s.commit()
+        started = CallEvent(attempt=1, kind="started")
+        assert calls.record_event(s, None, 1.0, "a", started) is False
+        assert (
+            calls.record_event(s, None, 1.0, "a", CallEvent(attempt=1, kind="succeeded")) is False
+        )
+        unrun = CallEvent(attempt=1, kind="failed", not_run=True)
+        assert calls.record_event(s, None, 1.0, "b", unrun) is True  # "b" itself waits now
+        assert calls.record_event(s, None, 1.0, "c", CallEvent(attempt=1, kind="failed")) is True
+        s.execute(update(Call).where(Call.id == "b").values(status="cancelled"))
+        ended = calls.finalize(s, None, 1.0, "b", "timeout", from_states=("cancelled",))
+        assert ended is not None and ended.queued_behind is False  # only "g" waits
+    engine.dispose()
 
 
 def test_a_stale_requeue_does_not_requeue_the_next_attempt_again() -> None:
