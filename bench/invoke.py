@@ -165,8 +165,8 @@ def run_clients(
     ]
     for t in threads:
         t.start()
-    while any(t.is_alive() for t in threads):
-        threads[0].join(timeout=1.0)
+    while alive := [t for t in threads if t.is_alive()]:
+        alive[0].join(timeout=1.0)  # a thread still running: a finished one returns at once
         left_s = stop_at - time.perf_counter()
         status = f"{left_s:4.0f} s left" if left_s > 0 else "finishing calls in flight"
         console.print(f"  {clients} clients: {status}", style="dim")
