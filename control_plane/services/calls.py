@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
 
 from control_plane.db.models import Call, CallOutput, Replica
-from control_plane.db.session import hold
+from control_plane.db.session import hold, one_of
 from control_plane.errors import BadRequestError, ConflictError, NotFoundError
 from control_plane.metrics import Metrics
 from control_plane.protocol import CallEvent
@@ -304,9 +304,9 @@ def finalize(
     stop_worker = status in ("timeout", "cancelled")
     if not stop_worker:
         values["cancel_pending"] = False
-    stmt = _finalize_statement(tuple(values), stop_worker, attempt is not None)
+    stmt = _finalize_statement(tuple(values), stop_worker, attempt is not None, from_states)
     params = {f"new_{k}": v for k, v in values.items()}  # a column's own name would be SET
-    params.update(call_id=call_id, from_states=list(from_states))
+    params["call_id"] = call_id
     if attempt is not None:
         params["of_attempt"] = attempt
     returned = session.connection().execute(stmt, params).one_or_none()
@@ -323,15 +323,19 @@ def finalize(
 
 
 @functools.cache
-def _finalize_statement(columns: tuple[str, ...], stop_worker: bool, by_attempt: bool) -> Update:
+def _finalize_statement(
+    columns: tuple[str, ...], stop_worker: bool, by_attempt: bool, from_states: tuple[str, ...]
+) -> Update:
     """``finalize``'s guarded UPDATE ... RETURNING, built once per shape (a statement
     used again skips building and keying it): ``columns`` set from parameters of
     those names prefixed ``new_``; ``stop_worker``: ``cancel_pending`` if it was in flight."""
     c = CALLS.c
     values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in columns}
     if stop_worker:
-        values["cancel_pending"] = case((c.status.in_(IN_FLIGHT_CALL_STATES), True), else_=False)
-    where = [c.id == bindparam("call_id"), c.status.in_(bindparam("from_states", expanding=True))]
+        values["cancel_pending"] = case(
+            (one_of(c.status, IN_FLIGHT_CALL_STATES), True), else_=False
+        )
+    where = [c.id == bindparam("call_id"), one_of(c.status, from_states)]
     if by_attempt:
         where.append(c.attempt == bindparam("of_attempt"))
     # Not correlated with the updated row: SQLite's RETURNING drops table names,

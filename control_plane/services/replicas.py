@@ -18,6 +18,7 @@ from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call, Replica, Worker
+from control_plane.db.session import one_of
 from control_plane.errors import NotFoundError
 from control_plane.metrics import Metrics
 from control_plane.protocol import AdapterSpec, ContainerOptions, ReplicaEvent, StartReplica
@@ -192,7 +193,7 @@ def outstanding(session: Session, replica_ids: list[str]) -> dict[str, int]:
 # ``views``' one read, built once (a statement used again is not built and keyed anew).
 _IN_FLIGHT = (
     select(func.count(Call.id))
-    .where(Call.replica_id == Replica.id, Call.status.in_(IN_FLIGHT_CALL_STATES))
+    .where(Call.replica_id == Replica.id, one_of(Call.status, IN_FLIGHT_CALL_STATES))
     .correlate(Replica)
     .scalar_subquery()
 )
@@ -209,7 +210,7 @@ _VIEWS = (
         Worker.data_token,
     )
     .outerjoin(Worker, Worker.id == Replica.worker_id)
-    .where(Replica.function == bindparam("function"), Replica.state.in_(LIVE_REPLICA_STATES))
+    .where(Replica.function == bindparam("function"), one_of(Replica.state, LIVE_REPLICA_STATES))
     .order_by(Replica.created_at)
 )
 
