@@ -77,8 +77,8 @@ class FastInvoke:
             await self.app(scope, receive, send)
             return
         name = match.group(1)
-        who, length, headers = taken
-        body = await _read_body(receive, length)
+        who, headers = taken
+        body = await _read_body(receive)
         if body is None:
             return  # the client went away before its body arrived
         req = _request(body, headers)
@@ -99,9 +99,9 @@ class FastInvoke:
         await response(scope, receive, send)
 
 
-def _take(scope: Scope, state: State) -> tuple[Principal, int, dict[bytes, bytes]] | None:
-    """(the key's principal, the body's length, the headers) when this layer can serve
-    the request; None: the app serves it."""
+def _take(scope: Scope, state: State) -> tuple[Principal, dict[bytes, bytes]] | None:
+    """(the key's principal, the headers) when this layer can serve the request;
+    None: the app serves it."""
     headers: dict[bytes, bytes] = {}
     for k, v in scope["headers"]:
         headers.setdefault(k, v)
@@ -121,11 +121,12 @@ def _take(scope: Scope, state: State) -> tuple[Principal, int, dict[bytes, bytes
     who = cache.get(auth[len(_BEARER) :].decode("latin-1")) if cache is not None else None
     if who is None:
         return None
-    return who, int(length), headers
+    return who, headers
 
 
-async def _read_body(receive: Receive, length: int) -> bytes | None:
-    """The whole body (``length`` bytes were declared); None when the client left."""
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole body (the server holds it to its declared length); None when the
+    client left before it arrived."""
     chunks: list[bytes] = []
     while True:
         message = await receive()
@@ -133,9 +134,7 @@ async def _read_body(receive: Receive, length: int) -> bytes | None:
             return None
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
-            break
-    body = b"".join(chunks)
-    return body if len(body) <= length else None
+            return b"".join(chunks)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -150,7 +150,7 @@ def accepting(
     written = {c.key: getattr(row, c.key) for c in CALLS.columns}  # unset ones: None
     session.connection().execute(insert(CALLS), written)
     note_written(row, written)  # every column present: as if it had been read,
-    make_transient_to_detached(row)  # so a later session may merge it unread
+    make_transient_to_detached(row)  # so a later session may take it in unread
 
 
 def _accept_once(

@@ -138,9 +138,9 @@ class Reconciler:
             return
         breakers = self._breakers(session, now)
         places: dict[str, replicas.ReplicaHome] = {}
-        views = {v.id: v for v in replicas.views(session, fn.name, places)}
+        live = replicas.views(session, fn.name, places)
         worker_of = {rid: place.worker_id for rid, place in places.items()}
-        views = {k: v for k, v in views.items() if breakers.get(worker_of[k], "closed") != "open"}
+        views = {v.id: v for v in live if breakers.get(worker_of[v.id], "closed") != "open"}
         for call in queued:
             # A half-open worker's probe goes first; if it cannot take it, any replica.
             first = _probe_first(views, worker_of, breakers)
