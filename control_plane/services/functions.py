@@ -182,15 +182,12 @@ def active_of(session: Session, fn: Function) -> ActiveVersion:
     return version_of(session, fn, fn.active_version)
 
 
-def version_of(session: Session, fn: Function, version: int) -> ActiveVersion:
+def version_of(session: Session, fn: Function | FunctionKey, version: int) -> ActiveVersion:
     """Version ``version`` of ``fn`` as the scheduler and dispatcher need it."""
-    return _active_version(fn.name, _version_row(session, fn, version))
-
-
-def _active_version(name: str, row: FunctionVersion) -> ActiveVersion:
+    row = _version_row(session, fn, version)
     adapters = [ResolvedAdapter(**a) for a in json.loads(row.adapters_json)]
     spec = FunctionSpec.model_validate_json(row.spec_json)
-    return ActiveVersion(name, row.version, spec, row.model_digest, adapters)
+    return ActiveVersion(fn.name, row.version, spec, row.model_digest, adapters)
 
 
 @dataclass(frozen=True)
@@ -215,7 +212,7 @@ class VersionCache:
     def version_of(self, session: Session, fn: FunctionKey, version: int) -> ActiveVersion:
         hit = self._versions.get((fn, version))
         if hit is None:
-            hit = _active_version(fn.name, _version_row(session, fn, version))
+            hit = version_of(session, fn, version)
             if len(self._versions) >= self.MAX_ENTRIES:
                 self._versions.clear()
             self._versions[(fn, version)] = hit

@@ -227,19 +227,16 @@ class ReplicaHome:
     data_token: str | None
 
 
-def views(
-    session: Session, function: str, places: dict[str, ReplicaHome] | None = None
-) -> list[ReplicaView]:
+def views(session: Session, function: str, places: dict[str, ReplicaHome]) -> list[ReplicaView]:
     """The function's live replicas as the router sees them, in one read of a few
     columns (no row objects): each with its outstanding calls, and in ``places``
-    (when given) where it runs."""
+    where it runs."""
     rows = session.connection().execute(_VIEWS, {"function": function}).all()
     out = []
     for rid, state, version, adapters_json, n, worker_id, ready_at, addr, token in rows:
         adapters = frozenset(json.loads(adapters_json))
         out.append(ReplicaView(rid, state, version, int(n or 0), adapters))
-        if places is not None:
-            places[rid] = ReplicaHome(worker_id, ready_at, addr, token)
+        places[rid] = ReplicaHome(worker_id, ready_at, addr, token)
     return out
 
 
