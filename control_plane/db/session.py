@@ -2,8 +2,10 @@
 
 SQLite (the embedded default) is opened in WAL mode with a busy timeout, so
 the server's request threads, its background loop and a CLI can share one
-file; PostgreSQL needs nothing special. Callers own the session's lifetime:
-``with database.session() as s: ...`` commits on success, rolls back on error.
+file, and its writers take turns on a lock of the machine's
+(``db.sqlite_writers``); PostgreSQL needs nothing special. Callers own the
+session's lifetime: ``with database.session() as s: ...`` commits on success,
+rolls back on error.
 
 The hot path runs its Core statements on ``session.connection()``: through
 ``session.execute`` each would also pass the ORM's execution layer (events,
@@ -23,6 +25,8 @@ from sqlalchemy import ColumnElement, Engine, create_engine, event, literal
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import QueryableAttribute, Session, sessionmaker
 
+from control_plane.db.sqlite_writers import TurnTakingConnection, take_turns
+
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
@@ -31,14 +35,19 @@ def make_engine(url: str) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True, pool_size=20, max_overflow=20)
-    connect_args = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+    connect_args: dict[str, Any] = {
+        "check_same_thread": False,
+        "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
+    }
     if not parsed.database or parsed.database == ":memory:":
         engine = create_engine(url, connect_args=connect_args)
     else:
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        connect_args["factory"] = TurnTakingConnection
         # As many kept connections as request threads commonly run at once: an
         # overflow connection is opened (four PRAGMAs) and closed per use.
         engine = create_engine(url, connect_args=connect_args, pool_size=20, max_overflow=20)
+        take_turns(engine, parsed.database)
     event.listen(engine, "connect", _sqlite_pragmas)
     return engine
 
