@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,19 +73,28 @@ class SecretBox:
 
 
 def key_from_file(path: Path) -> bytes:
-    """The key in ``path``, made (mode 0600) when the file does not exist yet."""
+    """The key in ``path``, made (mode 0600) when the file does not exist yet.
+
+    A new key is written to a file of this process's and linked into place, so
+    processes starting together never read a key half written: one link wins
+    and every process uses its key.
+    """
     try:
         return path.read_bytes().strip()
     except FileNotFoundError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
     key = Fernet.generate_key()
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another process made it first: use theirs
-        return path.read_bytes().strip()
+    mine = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    fd = os.open(mine, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(key + b"\n")
+    try:
+        os.link(mine, path)
+    except FileExistsError:  # another process made it first: use theirs
+        return path.read_bytes().strip()
+    finally:
+        os.unlink(mine)
     return key
 
 
