@@ -143,6 +143,10 @@ class StartReplica(Message):
     # Dynamic batching (spec ``[batching]``); None: one call per __call__.
     max_batch_size: int | None = Field(default=None, ge=1, le=1024)
     max_wait_ms: float = Field(default=0.0, ge=0)
+    # v1.3, optional: calls the replica runs at once (``target_concurrency``); more
+    # wait there for a slot. Control planes count slots, but two of them routing at
+    # the same moment may each take the last one. None: no cap.
+    max_concurrent_calls: int | None = Field(default=None, ge=1)
 
 
 class StopReplica(Message):

@@ -85,6 +85,7 @@ class ReplicaSpec(BaseModel):
     adapter_cache_size: int = Field(default=8, ge=0)  # adapters loaded on first use, LRU
     max_batch_size: int | None = Field(default=None, ge=1)  # set: calls go to batch()
     max_wait_ms: float = Field(default=0.0, ge=0)
+    max_concurrent_calls: int | None = Field(default=None, ge=1)  # more wait for a slot
 
 
 # --- agent → child ---------------------------------------------------------

@@ -13,6 +13,7 @@ when it exits at once. See ``worker.child_protocol``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -104,6 +105,9 @@ class ChildServer:
         self.device = device
         self.loader: Any = None  # a WeightLoader built by ``prepare``
         self.batcher: Any = None  # a worker.batcher.Batcher when the function is batched
+        # The function's target concurrency: calls beyond it wait here for a slot, so
+        # ``__call__`` never runs on more threads than the SDK promises (sdk.py).
+        self.slots: threading.Semaphore | None = None
 
     def serve(self) -> None:
         from worker.child_protocol import TO_CHILD, CallMsg, Prepare, Shutdown, Specialize
@@ -157,6 +161,8 @@ class ChildServer:
             self.replica = specialize(msg.spec, self.loader)
             if msg.spec.max_batch_size is not None:
                 self.batcher = self._batcher(msg.spec.max_batch_size, msg.spec.max_wait_ms)
+            elif msg.spec.max_concurrent_calls is not None:
+                self.slots = threading.Semaphore(msg.spec.max_concurrent_calls)
         except SpecializeError as exc:
             self.conn.send(dump(SetupFailed(error=str(exc), phases_ms=exc.phases_ms)))
             return
@@ -177,6 +183,10 @@ class ChildServer:
         return Batcher(runner.run, max_batch_size, max_wait_ms / 1000, key=lambda m: m.adapter)
 
     def _run_call(self, msg: Any) -> None:
+        with self.slots or contextlib.nullcontext():  # the wait is not the call's execution
+            self._run_call_now(msg)
+
+    def _run_call_now(self, msg: Any) -> None:
         from worker.child_protocol import CallError, Result, dump
         from worker.specialize import format_error
 

@@ -151,6 +151,7 @@ class ReplicaManager:
             adapter_cache_size=self.adapter_cache_size,
             max_batch_size=msg.max_batch_size,
             max_wait_ms=msg.max_wait_ms,
+            max_concurrent_calls=msg.max_concurrent_calls,
         )
 
     def stop_by_id(self, replica_id: str, reason: str) -> None:

@@ -66,8 +66,9 @@ Contract:
 - ``setup`` runs exactly once, on the replica's own process, before the
   first call; an exception in it fails the replica start (the error and its
   traceback tail are reported) and no call reaches ``__call__``.
-- ``__call__`` may run on several threads at once when the function's
-  target concurrency is above one; guard shared mutable state yourself.
+- ``__call__`` runs on at most ``target_concurrency`` threads at once (the
+  replica holds back the calls beyond it); above one, guard shared mutable
+  state yourself.
 - An exception in ``__call__`` ends that call as failed with the message
   and the tail of the traceback; the replica stays up and takes more calls.
 - A call that runs past its timeout has its replica process killed; do not

@@ -38,10 +38,15 @@ def setup() -> Iterator[tuple[ReplicaManager, Recorder]]:
     runtime.close()
 
 
-def start(manager: ReplicaManager, entry: str, replica_id: str = "r1") -> None:
+def start(manager: ReplicaManager, entry: str, replica_id: str = "r1", **kw: object) -> None:
     manager.start_replica(
         StartReplica(
-            replica_id=replica_id, function="f", version=1, bundle_digest=BUNDLE, entry=entry
+            replica_id=replica_id,
+            function="f",
+            version=1,
+            bundle_digest=BUNDLE,
+            entry=entry,
+            **kw,  # type: ignore[arg-type]
         )
     )
 
@@ -113,6 +118,25 @@ def test_duplicate_delivery_is_run_once(setup: tuple[ReplicaManager, Recorder]) 
     assert kinds(recorder, "c1") == ["started", "succeeded"]
     manager.run_call(call("c1", {}, attempt=2))  # a retry is a new attempt
     assert kinds(recorder, "c1") == ["started", "succeeded"] * 2
+
+
+@pytest.mark.parametrize("cap", [1, 2])
+def test_calls_beyond_the_target_concurrency_wait_for_a_slot(
+    setup: tuple[ReplicaManager, Recorder], cap: int
+) -> None:
+    # More calls than the cap arrive at once, as when two control planes each take
+    # the replica's last slot: __call__ never runs on more threads than the cap.
+    manager, recorder = setup
+    start(manager, "basic:Overlap", max_concurrent_calls=cap)
+    calls = [call(f"c{i}", {"sleep_s": 0.3}) for i in range(cap + 2)]
+    threads = [threading.Thread(target=manager.run_call, args=(c,)) for c in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    ends = [recorder.events(f"/v1/calls/{c.call_id}/")[-1] for c in calls]
+    assert [e["kind"] for e in ends] == ["succeeded"] * len(calls)
+    assert max(e["output"]["most_at_once"] for e in ends) == cap
 
 
 def test_409_stops_sending_for_that_call(setup: tuple[ReplicaManager, Recorder]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -75,3 +76,21 @@ class Random:
         import torch
 
         return {"pid": os.getpid(), "random": random.random(), "torch": torch.rand(1).item()}
+
+
+class Overlap:
+    """Sleeps ``sleep_s`` and answers how many calls were running at once, at most."""
+
+    def setup(self, ctx: Any) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+
+    def __call__(self, input: Any) -> Any:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        time.sleep(float(input["sleep_s"]))
+        with self.lock:
+            self.running -= 1
+            return {"most_at_once": self.most}
