@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # Phases are often a few milliseconds (a pool hit, a cached adapter).
@@ -131,3 +137,69 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def set_series(gauge: Gauge, values: Mapping[tuple[str, ...], float]) -> None:
+    """Make ``gauge`` export exactly ``values`` (label values → value): each set in
+    place, then the others removed, so a scrape at the same moment (a tick and a
+    scrape both refresh) never misses a series that stays."""
+    for labels, value in values.items():
+        gauge.labels(*labels).set(value)
+    exported = {tuple(s.labels.values()) for metric in gauge.collect() for s in metric.samples}
+    for labels in exported - values.keys():
+        gauge.remove(*labels)
+
+
+COUNTED = ("counter", "histogram", "summary")
+_CREATED = "_created"
+
+
+def merged(local: bytes, peers: Iterable[bytes]) -> bytes:
+    """One exposition for all the processes of one server (``control_plane.peers``):
+    counters and histograms summed across them; a series' creation time, the
+    earliest; the gauges as this process has them (every gauge is refreshed from
+    the database for the scrape: a peer's are as old as its last scrape or tick)."""
+    parsed = [list(text_string_to_metric_families(t.decode())) for t in (local, *peers)]
+    counted = {f.name for fams in parsed for f in fams if f.type in COUNTED}
+    families: dict[str, Metric] = {}
+    samples: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], Sample]] = {}
+    for n, fams in enumerate(parsed):  # this process's first
+        for fam in fams:
+            combine = _combiner(fam, counted)
+            if combine is None and n > 0:
+                continue  # a peer's gauge
+            families.setdefault(fam.name, fam)
+            kept = samples.setdefault(fam.name, {})
+            for sample in fam.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                old = kept.get(key)
+                if old is not None:
+                    assert combine is not None  # a gauge's series are this process's alone
+                    sample = sample._replace(value=combine(old.value, sample.value))
+                kept[key] = sample
+    out = []
+    for name, fam in families.items():
+        metric = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+        metric.samples = list(samples[name].values())
+        out.append(metric)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(out))
+    return generate_latest(registry)
+
+
+def _combiner(fam: Metric, counted: set[str]) -> Callable[[float, float], float] | None:
+    """How the processes' values of a series of ``fam`` combine; None: they do not
+    (a gauge: this process's alone)."""
+    if fam.type in COUNTED:
+        return lambda a, b: a + b
+    if fam.name.endswith(_CREATED) and fam.name[: -len(_CREATED)] in counted:
+        return min
+    return None
+
+
+class _Families(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)

@@ -129,7 +129,7 @@ class DirectRunner:
                 )
             except ConflictError:
                 return None  # ended meanwhile (cancelled, deadline): the first end stands
-            batching.observe(session, self.s.metrics, claim.function, ev)
+            batching.observe(self.s.metrics, claim.function, ev)
             view = calls.get(session, claim.call_id) if final else None
         self.s.notifier.notify(claim.call_id)
         if kick:

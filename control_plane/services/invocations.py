@@ -133,7 +133,7 @@ class Invocations:
         with self.s.db.session() as session:
             calls.record_event(session, self.s.metrics, self.s.clock(), call_id, ev)
             function = calls.get(session, call_id).function
-            batching.observe(session, self.s.metrics, function, ev)
+            batching.observe(self.s.metrics, function, ev)
         self.s.notifier.notify(call_id)
         if ev.kind not in ("started", "output"):
             self.reconciler.kick(function)

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call, Lock, Replica
 from control_plane.errors import NoCapacityError, NotFoundError
-from control_plane.metrics import Metrics
+from control_plane.metrics import Metrics, set_series
 from control_plane.protocol import ReplicaEvent, RunCall, StartReplica, StopReplica
 from control_plane.services import (
     calls,
@@ -316,17 +316,14 @@ def _serialize_across_processes(session: Session) -> None:
 def refresh_gauges(session: Session, m: Metrics) -> None:
     """Set the replica, queue-depth and pool gauges from the database (ticks and scrapes)."""
     workers.refresh_pool_gauges(session, m)
-    m.replicas.clear()
-    for (fn, state), n in replicas.counts_by_state(session).items():
-        m.replicas.labels(fn, state).set(n)
-    m.queue_depth.clear()
+    by_state = replicas.counts_by_state(session)
+    set_series(m.replicas, {(fn, state): n for (fn, state), n in by_state.items()})
     rows = session.execute(
         select(Call.function, func.count(Call.id))
         .where(Call.status == "queued")
         .group_by(Call.function)
     ).all()
-    for fn, n in rows:
-        m.queue_depth.labels(fn).set(n)
+    set_series(m.queue_depth, {(fn,): n for fn, n in rows})
 
 
 def _try(send: Callable[[str, Any], None], worker_id: str, msg: Any) -> bool:

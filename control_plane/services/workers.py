@@ -11,21 +11,17 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call, Replica, Worker
 from control_plane.errors import NotFoundError
-from control_plane.metrics import Metrics
+from control_plane.metrics import Metrics, set_series
 from control_plane.protocol import HeartbeatReply, WorkerHeartbeat, WorkerRegister, worker_queue
 from control_plane.services import calls, inventory
 from control_plane.services.scheduler import WorkerSnapshot
 from control_plane.services.states import IN_FLIGHT_CALL_STATES, LIVE_REPLICA_STATES
-
-if TYPE_CHECKING:
-    from prometheus_client import Gauge
 
 log = logging.getLogger(__name__)
 
@@ -151,34 +147,23 @@ def refresh_pool_gauges(session: Session, m: Metrics) -> None:
     Values are overwritten in place and only the labels of workers that are
     gone are removed, so a concurrent scrape never sees a live worker missing.
     """
-    live: dict[str, set[str]] = {"size": set(), "idle": set(), "busy": set()}
-    gpus: set[tuple[str, ...]] = set()
+    size: dict[tuple[str, ...], float] = {}
+    idle: dict[tuple[str, ...], float] = {}
+    busy: dict[tuple[str, ...], float] = {}
+    gpus: dict[tuple[str, ...], float] = {}
     for w in session.scalars(select(Worker).where(Worker.lost.is_(False))):
-        m.worker_pool_size.labels(w.id).set(w.pool_size)
-        live["size"].add(w.id)
+        size[(w.id,)] = w.pool_size
         inv = inventory.decode(w.inventory_json)
         if inv.pool_idle is not None:
-            m.worker_pool_idle.labels(w.id).set(inv.pool_idle)
-            live["idle"].add(w.id)
+            idle[(w.id,)] = inv.pool_idle
         if inv.pool_busy is not None:
-            m.worker_pool_busy.labels(w.id).set(inv.pool_busy)
-            live["busy"].add(w.id)
+            busy[(w.id,)] = inv.pool_busy
         for device, pct in enumerate(inv.gpu_utilization_pct or ()):
-            m.worker_gpu_utilization.labels(w.id, str(device)).set(pct / 100)
-            gpus.add((w.id, str(device)))
-    gauges = {"size": m.worker_pool_size, "idle": m.worker_pool_idle, "busy": m.worker_pool_busy}
-    for kind, gauge in gauges.items():
-        for labels in _label_sets(gauge) - {(w,) for w in live[kind]}:
-            gauge.remove(*labels)
-    for labels in _label_sets(m.worker_gpu_utilization) - gpus:
-        m.worker_gpu_utilization.remove(*labels)
-
-
-def _label_sets(gauge: Gauge) -> set[tuple[str, ...]]:
-    """The label values a gauge currently exports."""
-    return {
-        tuple(sample.labels.values()) for metric in gauge.collect() for sample in metric.samples
-    }
+            gpus[(w.id, str(device))] = pct / 100
+    set_series(m.worker_pool_size, size)
+    set_series(m.worker_pool_idle, idle)
+    set_series(m.worker_pool_busy, busy)
+    set_series(m.worker_gpu_utilization, gpus)
 
 
 def snapshots(session: Session) -> list[WorkerSnapshot]:
