@@ -235,16 +235,17 @@ def test_deadline_without_any_worker_says_why(cp: ControlPlane) -> None:
 def test_stream_deadline_ends_with_error_event(cp: ControlPlane) -> None:
     cp.worker()
     cp.deploy("echo")
-    with (
-        cp.client() as c,
-        c.stream(
+    with cp.client() as c:
+        # Warm first: a deadline that passes while the replica starts is a 504 before
+        # the stream opens (above); this one must pass while the call runs.
+        assert c.post("/v1/functions/echo/invoke", json={"input": 1}).status_code == 200
+        with c.stream(
             "POST",
             "/v1/functions/echo/invoke",
-            json={"input": {"sleep_s": 3}},
-            headers={"Accept": "text/event-stream", "X-Thaw-Deadline-Ms": "500"},
-        ) as r,
-    ):
-        text = "".join(r.iter_text())
+            json={"input": {"sleep_s": 5}},
+            headers={"Accept": "text/event-stream", "X-Thaw-Deadline-Ms": "1500"},
+        ) as r:
+            text = "".join(r.iter_text())
     assert r.status_code == 200
     assert text.startswith("event: error\n") and "deadline" in text
 
