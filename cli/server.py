@@ -3,38 +3,83 @@
 from __future__ import annotations
 
 import logging
-from typing import Annotated
+import os
+import tempfile
+from typing import Annotated, Any
 
 import typer
 
 from cli.control import out
 from control_plane.settings import Settings
 
+LOG_FORMAT = "%(asctime)s server %(message)s"
+PROCESS_LOG_FORMAT = "%(asctime)s server[%(process)d] %(message)s"  # one of several
+
 
 def server(
     host: Annotated[str | None, typer.Option(help="bind address (THAW_SERVER_HOST)")] = None,
     port: Annotated[int | None, typer.Option(help="port (THAW_SERVER_PORT)")] = None,
+    processes: Annotated[
+        int | None,
+        typer.Option(min=1, help="control-plane processes behind the port (THAW_SERVER_PROCESSES)"),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
 ) -> None:
-    """Migrate the database, print the first admin key on a fresh install, and serve."""
+    """Migrate the database, print the first admin key on a fresh install, and serve.
+
+    With several processes, each is a whole control plane (API and reconcile
+    loop) on the same port; the kernel spreads connections over them. They wake
+    each other's waiting callers and answer ``/metrics`` for all of them.
+    """
     import uvicorn
 
     from control_plane import gil
-    from control_plane.api.app import create_app
+    from control_plane.api.app import create_app, prepare
 
-    gil.tune()
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s server %(message)s")
     settings = Settings()
-    app = create_app(settings)
-    token = app.state.bootstrap_admin_key
-    if token is not None:
-        out.print("[bold]First start: an admin API key was created. It is shown only once:[/bold]")
-        out.print(token, soft_wrap=True)
-        if settings.admin_key_file is not None:
-            out.print(f"(also written to {settings.admin_key_file}, mode 600)")
-    uvicorn.run(
-        app,
-        host=host or settings.server_host,
-        port=port or settings.server_port,
-        log_level=log_level.lower(),
-    )
+    processes = processes or settings.server_processes
+    host, port = host or settings.server_host, port or settings.server_port
+    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
+    # A line per request at INFO; above it uvicorn would still format each, unshown.
+    access_log = logging.getLevelName(log_level.upper()) <= logging.INFO
+    if processes == 1:
+        gil.tune()
+        app = create_app(settings)
+        _announce(settings, app.state.bootstrap_admin_key)
+        uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=access_log)
+        return
+    _announce(settings, prepare(settings))
+    with tempfile.TemporaryDirectory(prefix="thaw-peers-") as peer_dir:
+        os.environ["THAW_PEER_DIR"] = peer_dir  # the processes' settings read it
+        uvicorn.run(
+            "control_plane.api.app:served_app",
+            factory=True,
+            workers=processes,
+            host=host,
+            port=port,
+            log_level=log_level.lower(),
+            access_log=access_log,
+            log_config=_log_config(log_level),
+        )
+
+
+def _announce(settings: Settings, token: str | None) -> None:
+    if token is None:
+        return
+    out.print("[bold]First start: an admin API key was created. It is shown only once:[/bold]")
+    out.print(token, soft_wrap=True)
+    if settings.admin_key_file is not None:
+        out.print(f"(also written to {settings.admin_key_file}, mode 600)")
+
+
+def _log_config(level: str) -> dict[str, Any]:
+    """Every process logs as the single one does, with its pid."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": PROCESS_LOG_FORMAT}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
+        "root": {"level": level.upper(), "handlers": ["stderr"]},
+        # Each process checks the migrations the first one ran: nothing to say.
+        "loggers": {"alembic": {"level": "WARNING"}},
+    }

@@ -2,15 +2,21 @@
 
 A waiter never relies on a wake-up alone: it re-reads the database after
 every wake or after ``poll_interval_s``, so a change made by another
-control-plane process (which cannot notify this one) is still seen within
-one poll interval. A Redis pub/sub notifier can replace this class without
-touching the callers.
+control-plane process is still seen within one poll interval. The processes
+of one ``thaw server --processes N`` wake each other (``PeerNotifier``);
+separate servers behind a load balancer see each other's changes by polling.
 """
 
 from __future__ import annotations
 
 import abc
+import logging
+import socket
 import threading
+
+from control_plane.peers import Peers
+
+log = logging.getLogger(__name__)
 
 
 class Notifier(abc.ABC):
@@ -25,22 +31,42 @@ class Notifier(abc.ABC):
         Returns the current counter; pass it back as ``seen`` next time.
         """
 
+    def close(self) -> None:  # noqa: B027 (a notifier may run nothing)
+        """Stop what the notifier runs (at the server's shutdown)."""
+
 
 class InProcessNotifier(Notifier):
     """One lock; a condition per call that has waiters, so a change wakes only the
-    threads waiting for that call (not every waiter of every call)."""
+    threads waiting for that call (not every waiter of every call).
 
-    def __init__(self) -> None:
+    Counters are kept for the ``max_calls`` calls changed last (and for every
+    call with a waiter): a caller that waits for a call changed longer ago than
+    that falls back to polling.
+    """
+
+    MAX_CALLS = 100_000
+
+    def __init__(self, max_calls: int = MAX_CALLS) -> None:
         self._lock = threading.Lock()
-        self._counters: dict[str, int] = {}
+        self._max_calls = max_calls
+        self._counters: dict[str, int] = {}  # oldest first
         self._conds: dict[str, tuple[threading.Condition, int]] = {}  # call -> (cond, waiters)
 
     def notify(self, call_id: str) -> None:
         with self._lock:
-            self._counters[call_id] = self._counters.get(call_id, 0) + 1
+            self._counters[call_id] = self._counters.pop(call_id, 0) + 1  # now the newest
             entry = self._conds.get(call_id)
             if entry is not None:
                 entry[0].notify_all()
+            if len(self._counters) > self._max_calls:
+                self._trim()
+
+    def _trim(self) -> None:
+        """Forget the older half of the counters, but those of calls with waiters."""
+        drop = len(self._counters) - self._max_calls // 2
+        for call_id in [c for c, _ in zip(self._counters, range(drop), strict=False)]:
+            if call_id not in self._conds:
+                del self._counters[call_id]
 
     def wait(self, call_id: str, seen: int, timeout_s: float) -> int:
         with self._lock:
@@ -56,6 +82,47 @@ class InProcessNotifier(Notifier):
                 else:
                     self._conds[call_id] = (cond, waiters - 1)
 
-    def forget(self, call_id: str) -> None:
-        with self._lock:
-            self._counters.pop(call_id, None)
+
+class PeerNotifier(InProcessNotifier):
+    """Wakes this process's waiters and those of its peers (``control_plane.peers``):
+    each change is also sent, as a datagram with the call id, to every peer.
+
+    A datagram that cannot be sent (the peer ended, its buffer is full) is
+    dropped: that peer's waiters see the change at their next poll.
+    """
+
+    def __init__(self, peers: Peers, max_calls: int = InProcessNotifier.MAX_CALLS) -> None:
+        super().__init__(max_calls)
+        self._peers = peers
+        self._in = peers.bind("wake", socket.SOCK_DGRAM)
+        self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._out.setblocking(False)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._receive, name="thaw-peer-wake", daemon=True)
+        self._thread.start()
+
+    def notify(self, call_id: str) -> None:
+        super().notify(call_id)
+        data = call_id.encode()
+        for pid in self._peers.others():
+            try:
+                self._out.sendto(data, self._peers.path("wake", pid))
+            except OSError as exc:  # gone, or not keeping up: it polls
+                log.debug("no wake-up to peer %d: %s", pid, exc)
+
+    def _receive(self) -> None:
+        while not self._closed.is_set():
+            try:
+                data = self._in.recv(1024)
+            except TimeoutError:
+                continue
+            except OSError:
+                return  # closed
+            super().notify(data.decode())  # not sent on: every peer got it already
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join()
+        self._in.close()
+        self._out.close()
+        self._peers.unlink("wake")

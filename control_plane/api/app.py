@@ -5,6 +5,11 @@ empty installation (``app.state.bootstrap_admin_key``; also written to
 ``admin_key_file`` when set), wires the services, and runs the reconcile
 loop for the app's lifetime (lifespan). Parts may be injected for tests:
 a dispatcher, a clock, a bundle validator.
+
+``thaw server --processes N`` runs N apps behind one port: it migrates and
+bootstraps once (``prepare``), then each process builds its app from the
+environment (``served_app``) and finds the others in ``THAW_PEER_DIR``
+(``control_plane.peers``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import anyio.to_thread
 from fastapi import Depends, FastAPI
 from starlette.types import ASGIApp
 
+from control_plane import gil
 from control_plane.api import errors
 from control_plane.api.fast_invoke import FastInvoke, invoke_threads
 from control_plane.api.limits import BodySizeLimit
@@ -45,7 +51,8 @@ from control_plane.dispatch.direct import DirectChannel
 from control_plane.dispatch.secrets import SecretsDispatcher, secret_box
 from control_plane.loop import BackgroundLoop
 from control_plane.metrics import Metrics
-from control_plane.notifier import InProcessNotifier
+from control_plane.notifier import InProcessNotifier, Notifier, PeerNotifier
+from control_plane.peers import MetricsServer, Peers
 from control_plane.services import keys as key_service
 from control_plane.services.bundles import BundleValidator, subprocess_validator
 from control_plane.services.context import Services
@@ -74,13 +81,15 @@ def build_services(
     validate_bundle: BundleValidator | None = None,
 ) -> Services:
     db = Database(settings.database_url_resolved())
+    peers = Peers(settings.peer_dir) if settings.peer_dir is not None else None
+    notifier: Notifier = PeerNotifier(peers) if peers is not None else InProcessNotifier()
     return Services(
         settings=settings,
         db=db,
         dispatcher=SecretsDispatcher(
             dispatcher or default_dispatcher(settings), db, secret_box(settings)
         ),
-        notifier=InProcessNotifier(),
+        notifier=notifier,
         metrics=Metrics(),
         clock=clock,
         registry_factory=lambda: Registry(open_store(settings.store_config())),
@@ -88,13 +97,32 @@ def build_services(
         tracing=open_tracing(tracing_config(settings, "thaw-control-plane")),
         direct=DirectChannel() if settings.direct_calls else None,
         principals=key_service.PrincipalCache(clock, settings.auth_cache_ttl_s),
+        peers=peers,
     )
 
 
-def _bootstrap(services: Services) -> str | None:
-    with services.db.session() as s:
-        token = key_service.bootstrap_admin(s, services.clock())
-    path = services.settings.admin_key_file
+def prepare(settings: Settings) -> str | None:
+    """What ``create_app`` does once per installation, for a server whose processes
+    each create their app: migrate, and make the first admin key (returned) on an
+    empty installation."""
+    migrate.upgrade(settings.database_url_resolved())
+    db = Database(settings.database_url_resolved())
+    try:
+        return _bootstrap(db, system_clock, settings.admin_key_file)
+    finally:
+        db.dispose()
+
+
+def served_app() -> FastAPI:
+    """The app of one process of ``thaw server --processes N`` (uvicorn's factory):
+    settings from the environment, the installation already prepared."""
+    gil.tune()
+    return create_app(Settings())
+
+
+def _bootstrap(db: Database, clock: Clock, path: Path | None) -> str | None:
+    with db.session() as s:
+        token = key_service.bootstrap_admin(s, clock())
     if token is not None and path is not None:
         _write_secret(path, token)
     return token
@@ -135,9 +163,15 @@ def create_app(
         anyio.to_thread.current_default_thread_limiter().total_tokens = invoke.SYNC_THREADS
         if run_loop:
             loop.start()
+        peer_metrics = None
+        if services.peers is not None:  # a scrape of another process asks for these
+            peer_metrics = MetricsServer(services.peers, services.metrics.exposition)
         try:
             yield
         finally:
+            if peer_metrics is not None:
+                peer_metrics.close()
+            services.notifier.close()
             if run_loop:
                 loop.stop()
             app.state.invoke_threads.shutdown(wait=False)
@@ -152,6 +186,9 @@ def create_app(
     app = ControlPlaneApp(
         title="thaw control plane",
         version="1",
+        # thaw traces calls itself (control_plane.tracing); FastAPI's own OpenTelemetry
+        # would look up the global providers on every request.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
         lifespan=lifespan,
         openapi_url=None,
         docs_url=None,
@@ -161,7 +198,7 @@ def create_app(
     app.state.reconciler = reconciler
     app.state.invocations = Invocations(services, reconciler)
     app.state.invoke_threads = invoke_threads()
-    app.state.bootstrap_admin_key = _bootstrap(services)
+    app.state.bootstrap_admin_key = _bootstrap(services.db, clock, settings.admin_key_file)
     app.state.rate_limiter = make_rate_limiter(services)
     errors.install(app)
     for module in (health, keys, models, functions, canary, calls, workers):

@@ -65,9 +65,15 @@ def backend(name: str, tmp: Path) -> Iterator[Backend]:
 
 
 @contextmanager
-def running_stack(name: str, tmp: Path, store: E2EStore, workers: int = 1) -> Iterator[Stack]:
+def running_stack(
+    name: str,
+    tmp: Path,
+    store: E2EStore,
+    workers: int = 1,
+    settings: dict[str, str] | None = None,
+) -> Iterator[Stack]:
     with backend(name, tmp) as be:
-        stack = Stack(tmp / "stack", be, store.root)
+        stack = Stack(tmp / "stack", be, store.root, settings=settings or {})
         try:
             stack.start_server()
             for i in range(workers):

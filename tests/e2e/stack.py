@@ -86,6 +86,7 @@ class Stack:
     procs: list[Proc] = field(default_factory=list)
     admin_key: str = ""
     worker_key: str = ""
+    settings: dict[str, str] = field(default_factory=dict)  # more THAW_* for every process
 
     @property
     def url(self) -> str:
@@ -106,6 +107,7 @@ class Stack:
             "THAW_RESULT_POLL_INTERVAL_S": "0.05",
             "THAW_BROKER_POLL_INTERVAL_S": "0.02",
             "THAW_DEPLOY_VALIDATE_TIMEOUT_S": "60",
+            **self.settings,
             **extra,
         }
         if self.backend.broker_url:

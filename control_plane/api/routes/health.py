@@ -9,6 +9,8 @@ from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from control_plane.api.deps import PrincipalDep, ServicesDep
+from control_plane.metrics import merged
+from control_plane.peers import peer_expositions
 from control_plane.services.function_gauges import refresh_function_gauges
 from control_plane.services.reconciler import refresh_gauges
 
@@ -26,7 +28,10 @@ def metrics(who: PrincipalDep, services: ServicesDep) -> Response:
     with services.db.session() as s:
         refresh_gauges(s, services.metrics)
         refresh_function_gauges(s, services.metrics)
-    return Response(services.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+    text = services.metrics.exposition()
+    if services.peers is not None:  # this server's other processes count too
+        text = merged(text, peer_expositions(services.peers))
+    return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/openapi.json", include_in_schema=False)

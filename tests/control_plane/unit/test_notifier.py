@@ -33,3 +33,21 @@ def test_a_wait_that_times_out_returns_the_counter_it_saw() -> None:
     n.notify("c2")
     assert n.wait("c1", seen=0, timeout_s=0.01) == 0
     assert n._conds == {}
+
+
+def test_counters_of_older_calls_are_dropped_but_not_those_with_a_waiter() -> None:
+    n = InProcessNotifier(max_calls=4)
+    got: list[int] = []
+    n.notify("waited")
+    waiting = threading.Thread(target=lambda: got.append(n.wait("waited", seen=1, timeout_s=60)))
+    waiting.start()
+    while "waited" not in n._conds:
+        threading.Event().wait(0.001)
+    for i in range(10):  # past the bound: the older half goes, more than once
+        n.notify(f"c{i}")
+    assert len(n._counters) <= 4
+    assert n.wait("c0", seen=0, timeout_s=0.01) == 0  # forgotten: its waiter would poll
+    assert n.wait("c9", seen=0, timeout_s=0.01) == 1  # the newest is kept
+    n.notify("waited")  # its counter was kept: 2 > 1 wakes it
+    waiting.join(timeout=60)
+    assert got == [2]
