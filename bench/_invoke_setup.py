@@ -61,14 +61,6 @@ class SetupError(RuntimeError):
     """The bench could not set thaw up; the message says what is missing."""
 
 
-@dataclass
-class BenchStack(Stack):
-    """A ``Stack`` whose server and worker run with ``PRODUCTION_ENV``."""
-
-    def env(self, **extra: str) -> dict[str, str]:
-        return {**super().env(**extra), **PRODUCTION_ENV}
-
-
 def write_bundle(bundle_dir: Path) -> Path:
     """Write the no-op bundle (``app.py``) into ``bundle_dir``; return the directory."""
     bundle_dir.mkdir(parents=True, exist_ok=True)
@@ -134,10 +126,12 @@ def backend(name: str, tmp: Path) -> Iterator[Backend]:
 
 
 @contextmanager
-def running(tmp: Path, broker: str, store_dir: Path) -> Iterator[Stack]:
-    """A server and one worker on the chosen backend; stopped on exit."""
+def running(tmp: Path, broker: str, store_dir: Path, processes: int = 1) -> Iterator[Stack]:
+    """A server of ``processes`` processes and one worker on the chosen backend, with
+    ``PRODUCTION_ENV``; stopped on exit."""
+    settings = {**PRODUCTION_ENV, "THAW_SERVER_PROCESSES": str(processes)}
     with backend(broker, tmp) as be:
-        stack = BenchStack(tmp / "stack", be, store_dir, heartbeat_interval_s=5.0)
+        stack = Stack(tmp / "stack", be, store_dir, heartbeat_interval_s=5.0, settings=settings)
         try:
             stack.start_server()
             stack.start_worker("w1")

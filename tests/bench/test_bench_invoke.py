@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench._invoke_setup import LeanClient
-from bench.invoke import ClientRun, make_row, parse_clients, targets
+from bench.invoke import ClientRun, make_row, parse_counts, targets
 
 REPO = Path(__file__).resolve().parents[2]
 BASELINE_MS = {"p50": 0.001, "p95": 0.002, "p99": 0.003}
@@ -28,7 +28,7 @@ def test_quick_run_reports_every_client_count() -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(proc.stdout)
     assert doc["broker"] == "filesystem" and doc["client"] == "lean"
-    assert [r["clients"] for r in doc["rows"]] == [1, 4]
+    assert [(r["processes"], r["clients"]) for r in doc["rows"]] == [(2, 1), (2, 4)]
     for row in doc["rows"]:
         assert row["calls"] > 0 and row["failed"] == 0, row
         assert row["cold"] == 0, row  # warmed up first: every timed call is warm
@@ -58,16 +58,26 @@ def test_targets_judge_the_16_client_row_and_the_best_throughput() -> None:
     assert list(got.values()) == [False, True, False]
 
 
+def test_targets_take_the_server_size_that_came_closest() -> None:
+    one = make_row(16, ClientRun(latencies_s=[0.050] * 300, elapsed_s=1.0), BASELINE_MS, 1)
+    two = make_row(16, ClientRun(latencies_s=[0.030] * 500, elapsed_s=1.0), BASELINE_MS, 2)
+    p50, _, calls = targets([one, two])
+    assert p50["value"] == pytest.approx(30.0 - 0.001)
+    assert calls["value"] == 500 and calls["met"] is True
+
+
 def test_a_row_without_successful_calls_has_no_percentiles() -> None:
     row = make_row(4, ClientRun(failed=3, elapsed_s=1.0), BASELINE_MS)
     assert row["overhead_ms"] is None and row["calls_per_s"] == 0.0
     assert [t["met"] for t in targets([row])] == [None, None, False]
 
 
-def test_clients_are_parsed_and_checked() -> None:
-    assert parse_clients("1,16, 64") == [1, 16, 64]
-    with pytest.raises(SystemExit, match="at least 1"):
-        parse_clients("0,4")
+def test_counts_are_parsed_and_checked() -> None:
+    assert parse_counts("--clients", "1,16, 64") == [1, 16, 64]
+    with pytest.raises(SystemExit, match="--processes '0,4': every count must be at least 1"):
+        parse_counts("--processes", "0,4")
+    with pytest.raises(SystemExit, match="comma-separated integers"):
+        parse_counts("--clients", "one")
 
 
 class Echo(BaseHTTPRequestHandler):
