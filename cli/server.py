@@ -80,6 +80,4 @@ def _log_config(level: str) -> dict[str, Any]:
         "formatters": {"plain": {"format": PROCESS_LOG_FORMAT}},
         "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
         "root": {"level": level.upper(), "handlers": ["stderr"]},
-        # Each process checks the migrations the first one ran: nothing to say.
-        "loggers": {"alembic": {"level": "WARNING"}},
     }

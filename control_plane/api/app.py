@@ -117,7 +117,7 @@ def served_app() -> FastAPI:
     """The app of one process of ``thaw server --processes N`` (uvicorn's factory):
     settings from the environment, the installation already prepared."""
     gil.tune()
-    return create_app(Settings())
+    return create_app(Settings(), prepared=True)
 
 
 def _bootstrap(db: Database, clock: Clock, path: Path | None) -> str | None:
@@ -150,8 +150,13 @@ def create_app(
     clock: Clock = system_clock,
     validate_bundle: BundleValidator | None = None,
     run_loop: bool = True,
+    prepared: bool = False,
 ) -> FastAPI:
-    migrate.upgrade(settings.database_url_resolved())
+    """The control plane's app. ``prepared``: ``prepare`` ran for this installation
+    already (``thaw server --processes N``), so the app neither migrates nor makes
+    the first admin key."""
+    if not prepared:
+        migrate.upgrade(settings.database_url_resolved())
     services = build_services(settings, dispatcher, clock, validate_bundle)
     reconciler = Reconciler(services)
     loop = BackgroundLoop(reconciler, settings.reconcile_interval_s)
@@ -198,7 +203,9 @@ def create_app(
     app.state.reconciler = reconciler
     app.state.invocations = Invocations(services, reconciler)
     app.state.invoke_threads = invoke_threads()
-    app.state.bootstrap_admin_key = _bootstrap(services.db, clock, settings.admin_key_file)
+    app.state.bootstrap_admin_key = (
+        None if prepared else _bootstrap(services.db, clock, settings.admin_key_file)
+    )
     app.state.rate_limiter = make_rate_limiter(services)
     errors.install(app)
     for module in (health, keys, models, functions, canary, calls, workers):
