@@ -32,6 +32,8 @@ Replica life, as the worker reports it::
 Call life, as the worker reports it (one attempt)::
 
     started ──▶ output* ──▶ succeeded | failed | timeout | cancelled
+
+(``started`` is left out when the ``RunCall`` says ``report_started: false``.)
 """
 
 from __future__ import annotations
@@ -167,6 +169,9 @@ class RunCall(Message):
     # v1.2, optional: W3C trace context naming the call's span (control_plane.tracing);
     # the worker continues the trace from it. An older peer ignores or omits it.
     traceparent: str | None = Field(default=None, max_length=55)
+    # v1.6, optional: False when the sender waits for the end and has no use for the
+    # ``started`` event (a warm call over the direct port): the worker sends none.
+    report_started: bool = True
 
 
 # --- HTTP: worker → control plane ---------------------------------------------

@@ -228,7 +228,8 @@ class ReplicaManager:
                 msg, CallEvent(attempt=msg.attempt, kind="failed", error=error, not_run=True)
             )
             return
-        if not self._event(msg, CallEvent(attempt=msg.attempt, kind="started", timings_ms=timings)):
+        started = CallEvent(attempt=msg.attempt, kind="started", timings_ms=timings)
+        if msg.report_started and not self._event(msg, started):
             return
         request = CallRequest(
             msg.call_id, msg.input, msg.adapter, msg.attempt, msg.timeout_s, msg.stream

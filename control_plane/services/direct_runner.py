@@ -83,13 +83,17 @@ class DirectRunner:
         timeout_s = claim.deadline_at - self.s.clock()
         counter = self.s.metrics.direct_calls
         ended, final = False, None
+        # Dispatched and running count alike as in flight: a caller that waits for the
+        # end has the worker leave out the started event.
+        message = claim.message
+        if not record_started:
+            message = message.model_copy(update={"report_started": False})
         try:
-            events = self.s.direct.run(claim.data_addr, claim.data_token, claim.message, timeout_s)
+            events = self.s.direct.run(claim.data_addr, claim.data_token, message, timeout_s)
             for ev in events:
                 if ev.kind in FINAL_CALL_EVENTS:  # counted before its caller is woken
                     ended = True
                     counter.labels(claim.function, "ran").inc()
-                # Dispatched and running count alike as in flight.
                 if ev.kind != "started" or record_started:
                     final = self._record(claim, ev) or final
         except DirectUnavailableError as exc:

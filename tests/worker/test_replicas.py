@@ -94,6 +94,17 @@ def test_streamed_call_posts_started_outputs_succeeded(
     assert timings["queue_wait"] <= timings["first_output"] <= timings["total"]
 
 
+def test_a_call_that_asks_for_no_started_event_gets_none(
+    setup: tuple[ReplicaManager, Recorder],
+) -> None:
+    manager, recorder = setup
+    start(manager, "basic:Stream")
+    manager.run_call(call("c1", {"n": 1}, stream=True, report_started=False))
+    events = recorder.events("/v1/calls/c1/")
+    assert [e["kind"] for e in events] == ["output", "succeeded"]
+    assert events[-1]["timings_ms"]["queue_wait"] >= 50  # the final event still has it
+
+
 def test_a_functions_own_timings_join_the_calls_even_when_it_fails(
     setup: tuple[ReplicaManager, Recorder],
 ) -> None:
