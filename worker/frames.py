@@ -26,6 +26,7 @@ from typing import Any
 
 LENGTH = struct.Struct(">I")
 MAX_FRAME_BYTES = 64 << 20
+READ_SIZE = 64 << 10
 
 
 class FrameError(Exception):
@@ -46,24 +47,8 @@ def encode_frame(message: dict[str, Any]) -> bytes:
     return LENGTH.pack(len(body)) + body
 
 
-def _recv_exact(sock: socket.socket, size: int, *, at_boundary: bool) -> bytes:
-    buf = bytearray()
-    while len(buf) < size:
-        part = sock.recv(size - len(buf))
-        if not part:
-            if at_boundary and not buf:
-                raise PeerClosedError("peer closed the connection")
-            raise FrameError(f"connection closed after {len(buf)} of {size} bytes of a frame")
-        buf += part
-    return bytes(buf)
-
-
-def recv_frame(sock: socket.socket) -> dict[str, Any]:
-    """Block until one whole frame arrives; return its JSON object."""
-    (size,) = LENGTH.unpack(_recv_exact(sock, LENGTH.size, at_boundary=True))
-    if size > MAX_FRAME_BYTES:
-        raise FrameError(f"peer announced a {size}-byte frame, over {MAX_FRAME_BYTES}")
-    body = _recv_exact(sock, size, at_boundary=False)
+def _decode(body: bytes | bytearray) -> dict[str, Any]:
+    """One frame's body as its JSON object."""
     try:
         message = json.loads(body)
     except ValueError as exc:
@@ -74,11 +59,17 @@ def recv_frame(sock: socket.socket) -> dict[str, Any]:
 
 
 class FrameSocket:
-    """A connected stream socket speaking frames; ``send`` is thread-safe."""
+    """A connected stream socket speaking frames; ``send`` is thread-safe.
+
+    Reads take whatever the socket holds (up to ``READ_SIZE``) and keep what
+    follows the frame for the next ``recv``: a frame usually arrives whole, in one
+    ``recv`` call instead of two. So every read of the socket must go through
+    this object once it has read."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._write_lock = threading.Lock()
+        self._buf = bytearray()
 
     def send(self, message: dict[str, Any]) -> None:
         data = encode_frame(message)
@@ -86,7 +77,28 @@ class FrameSocket:
             self.sock.sendall(data)
 
     def recv(self) -> dict[str, Any]:
-        return recv_frame(self.sock)
+        """Block until one whole frame arrives; return its JSON object."""
+        self._fill(LENGTH.size, at_boundary=True)
+        (size,) = LENGTH.unpack_from(self._buf)
+        if size > MAX_FRAME_BYTES:
+            raise FrameError(f"peer announced a {size}-byte frame, over {MAX_FRAME_BYTES}")
+        end = LENGTH.size + size
+        self._fill(end, at_boundary=False)
+        body = self._buf[LENGTH.size : end]
+        del self._buf[:end]
+        return _decode(body)
+
+    def _fill(self, size: int, *, at_boundary: bool) -> None:
+        """Read until the buffer holds ``size`` bytes."""
+        while len(self._buf) < size:
+            part = self.sock.recv(max(READ_SIZE, size - len(self._buf)))
+            if not part:
+                if at_boundary and not self._buf:
+                    raise PeerClosedError("peer closed the connection")
+                raise FrameError(
+                    f"connection closed after {len(self._buf)} of {size} bytes of a frame"
+                )
+            self._buf += part
 
     def close(self) -> None:
         with contextlib.suppress(OSError):  # already closed by the peer

@@ -13,7 +13,6 @@ from worker.frames import (
     FrameSocket,
     PeerClosedError,
     encode_frame,
-    recv_frame,
 )
 
 json_values = st.recursive(
@@ -28,15 +27,16 @@ def test_frames_round_trip(message: dict) -> None:
     a, b = socket.socketpair()
     with a, b:
         FrameSocket(a).send(message)
-        assert recv_frame(b) == message
+        assert FrameSocket(b).recv() == message
 
 
 def test_several_frames_in_one_read_are_split() -> None:
     a, b = socket.socketpair()
     with a, b:
         a.sendall(encode_frame({"n": 1}) + encode_frame({"n": 2}))
-        assert recv_frame(b) == {"n": 1}
-        assert recv_frame(b) == {"n": 2}
+        reader = FrameSocket(b)
+        assert reader.recv() == {"n": 1}
+        assert reader.recv() == {"n": 2}
 
 
 def test_close_at_boundary_is_peer_closed() -> None:
@@ -44,7 +44,7 @@ def test_close_at_boundary_is_peer_closed() -> None:
     with b:
         a.close()
         with pytest.raises(PeerClosedError):
-            recv_frame(b)
+            FrameSocket(b).recv()
 
 
 def test_close_inside_a_frame_is_an_error_not_a_clean_close() -> None:
@@ -53,7 +53,7 @@ def test_close_inside_a_frame_is_an_error_not_a_clean_close() -> None:
         a.sendall(encode_frame({"x": "y"})[:-2])
         a.close()
         with pytest.raises(FrameError) as info:
-            recv_frame(b)
+            FrameSocket(b).recv()
         assert not isinstance(info.value, PeerClosedError)
 
 
@@ -62,7 +62,7 @@ def test_oversized_announcement_is_refused_before_reading() -> None:
     with a, b:
         a.sendall(struct.pack(">I", MAX_FRAME_BYTES + 1))
         with pytest.raises(FrameError, match="over"):
-            recv_frame(b)
+            FrameSocket(b).recv()
 
 
 @pytest.mark.parametrize("body", [b"[1, 2]", b"not json"])
@@ -71,4 +71,4 @@ def test_body_must_be_a_json_object(body: bytes) -> None:
     with a, b:
         a.sendall(struct.pack(">I", len(body)) + body)
         with pytest.raises(FrameError):
-            recv_frame(b)
+            FrameSocket(b).recv()
