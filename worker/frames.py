@@ -50,8 +50,8 @@ def encode_frame(message: dict[str, Any]) -> bytes:
 def _decode(body: bytes | bytearray) -> dict[str, Any]:
     """One frame's body as its JSON object."""
     try:
-        message = json.loads(body)
-    except ValueError as exc:
+        message = json.loads(body.decode())  # a str: json need not guess the encoding
+    except ValueError as exc:  # UnicodeDecodeError too
         raise FrameError(f"frame body is not JSON: {exc}") from None
     if not isinstance(message, dict):
         raise FrameError(f"frame body is a {type(message).__name__}, expected a JSON object")

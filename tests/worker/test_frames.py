@@ -65,7 +65,7 @@ def test_oversized_announcement_is_refused_before_reading() -> None:
             FrameSocket(b).recv()
 
 
-@pytest.mark.parametrize("body", [b"[1, 2]", b"not json"])
+@pytest.mark.parametrize("body", [b"[1, 2]", b"not json", b'{"a": "\xc3\x28"}'])
 def test_body_must_be_a_json_object(body: bytes) -> None:
     a, b = socket.socketpair()
     with a, b:
