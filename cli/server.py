@@ -50,7 +50,9 @@ def server(
         return
     _announce(settings, prepare(settings))
     with tempfile.TemporaryDirectory(prefix="thaw-peers-") as peer_dir:
-        os.environ["THAW_PEER_DIR"] = peer_dir  # the processes' settings read it
+        # The processes' settings read these.
+        os.environ["THAW_PEER_DIR"] = peer_dir
+        os.environ["THAW_SERVER_PROCESSES"] = str(processes)
         uvicorn.run(
             "control_plane.api.app:served_app",
             factory=True,

@@ -159,7 +159,7 @@ def create_app(
         migrate.upgrade(settings.database_url_resolved())
     services = build_services(settings, dispatcher, clock, validate_bundle)
     reconciler = Reconciler(services)
-    loop = BackgroundLoop(reconciler, settings.reconcile_interval_s)
+    loop = BackgroundLoop(reconciler, settings.reconcile_interval_s, settings.server_processes)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
