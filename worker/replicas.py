@@ -276,7 +276,8 @@ class ReplicaManager:
         )
         ended_s = self.clock()
         self._event(msg, event)
-        self.tracing.emit(run_call_spans(msg, event, started_s, ended_s))
+        if self.tracing.enabled:  # spans are built only to be sent
+            self.tracing.emit(run_call_spans(msg, event, started_s, ended_s))
 
     # --- reporting -----------------------------------------------------------
     def _event(self, msg: RunCall, event: CallEvent) -> bool:
