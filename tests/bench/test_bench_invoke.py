@@ -9,13 +9,17 @@ import json
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from rich.console import Console
 
 from bench._invoke_setup import LeanClient
-from bench.invoke import ClientRun, make_row, parse_counts, targets
+from bench.invoke import ClientRun, make_row, parse_counts, run_clients, targets
 
 REPO = Path(__file__).resolve().parents[2]
 BASELINE_MS = {"p50": 0.001, "p95": 0.002, "p99": 0.003}
@@ -111,3 +115,67 @@ def test_lean_client_posts_json_on_one_connection_and_reads_the_answer() -> None
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_paced_rows_are_judged_for_latency_only() -> None:
+    paced = make_row(16, ClientRun(latencies_s=[0.002] * 200, elapsed_s=1.0), BASELINE_MS, 2, 200)
+    p50, p99, calls = targets([paced])
+    assert "paced at 200 calls/s" in p50["name"] and p50["met"] is True
+    assert p99["met"] is True
+    assert calls["value"] is None and calls["met"] is None  # a paced row measures no capacity
+
+
+class StallingThaw(BaseHTTPRequestHandler):
+    """Answers invokes as thaw does; the first call of a run waits ``stall_s``."""
+
+    protocol_version = "HTTP/1.1"
+    wbufsize = 1 << 16  # headers and body in one write (no wait on a delayed ACK)
+    stall_s = 0.0
+    seen = 0
+    lock = threading.Lock()
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with self.lock:
+            StallingThaw.seen += 1
+            first = StallingThaw.seen == 1
+        if first:
+            time.sleep(self.stall_s)
+        out = json.dumps({"output": body["input"], "timings_ms": {"total": 0.1}}).encode()
+        self.send_response(200)
+        self.send_header("X-Thaw-Cold", "false")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def stalling_thaw() -> Iterator[SimpleNamespace]:
+    StallingThaw.seen, StallingThaw.stall_s = 0, 0.35
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StallingThaw)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield SimpleNamespace(url=f"http://127.0.0.1:{server.server_address[1]}", admin_key="k")
+    server.shutdown()
+    server.server_close()
+
+
+def test_paced_clients_send_at_the_rate_and_time_calls_from_when_they_were_due(
+    stalling_thaw: SimpleNamespace,
+) -> None:
+    # One client, 10 calls/s for 1 s: ten calls, whatever the server's speed. The first
+    # stalls 0.35 s, so the three due behind it start late, and their wait counts.
+    run = run_clients(stalling_thaw, 1, 1.0, Console(quiet=True), rate=10)
+    assert run.failed == 0 and len(run.latencies_s) == 10
+    late = sorted(run.latencies_s, reverse=True)
+    assert late[0] >= 0.35 and late[1] >= 0.2 and late[3] >= 0.02, late
+
+
+def test_unpaced_clients_send_each_call_when_the_last_returns(
+    stalling_thaw: SimpleNamespace,
+) -> None:
+    StallingThaw.stall_s = 0.0
+    run = run_clients(stalling_thaw, 1, 0.5, Console(quiet=True))
+    assert run.failed == 0 and len(run.latencies_s) > 20
