@@ -165,7 +165,8 @@ def _client_loop(
             due += interval_s
             try:
                 r = c.post(url, json=body)
-                ok = r.status_code == 200 and r.json()["output"] == body["input"]
+                answer = r.json() if r.status_code == 200 else {}
+                ok = answer.get("output") == body["input"]
             except Exception as e:  # a failed call is counted and reported, not fatal
                 ok, error = False, error or f"{type(e).__name__}: {e}"
             else:
@@ -175,7 +176,7 @@ def _client_loop(
                     cold += 1
             if ok:
                 lat.append(time.perf_counter() - started)
-                timings = r.json().get("timings_ms", {})
+                timings = answer.get("timings_ms", {})
                 for k in SPLIT_KEYS:
                     server_ms[k].append(float(timings.get(k, 0.0)))
             else:
