@@ -42,7 +42,7 @@
 | worker_lost_after_heartbeats | THAW_WORKER_LOST_AFTER_HEARTBEATS | 3            |
 | worker_failure_threshold   | THAW_WORKER_FAILURE_THRESHOLD | 5 (newest calls on a worker all failed: no new calls or replicas until a probe call passes; 0: off) |
 | worker_probe_interval_s    | THAW_WORKER_PROBE_INTERVAL_S | 30 (between probe calls to such a worker) |
-| reconcile_interval_s       | THAW_RECONCILE_INTERVAL_S    | 0.5                  |
+| reconcile_interval_s       | THAW_RECONCILE_INTERVAL_S    | 0.5 (for the whole server: each of N processes reconciles every N intervals) |
 | result_poll_interval_s     | THAW_RESULT_POLL_INTERVAL_S  | 0.25 (other processes' results) |
 | deploy_validate_timeout_s  | THAW_DEPLOY_VALIDATE_TIMEOUT_S | 120                |
 | replica_start_timeout_s    | THAW_REPLICA_START_TIMEOUT_S | 900 (then the start counts as failed) |
