@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
@@ -84,14 +85,15 @@ def test_counts_are_parsed_and_checked() -> None:
         parse_counts("--clients", "one")
 
 
-class Echo(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn answers
+class FakeThaw(BaseHTTPRequestHandler):
+    """A keep-alive HTTP/1.1 server (as uvicorn answers) that answers as thaw does."""
 
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        echoed = {"path": self.path, "auth": self.headers["Authorization"], "got": json.loads(body)}
-        out = json.dumps(echoed).encode()
-        self.send_response(201)
+    protocol_version = "HTTP/1.1"
+    wbufsize = 1 << 16  # headers and body in one write (no wait on a delayed ACK)
+
+    def answer(self, status: int, payload: object) -> None:
+        out = json.dumps(payload).encode()
+        self.send_response(status)
         self.send_header("X-Thaw-Cold", "false")
         self.send_header("Content-Length", str(len(out)))
         self.end_headers()
@@ -101,20 +103,32 @@ class Echo(BaseHTTPRequestHandler):
         pass
 
 
-def test_lean_client_posts_json_on_one_connection_and_reads_the_answer() -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+@contextmanager
+def serving(handler: type[FakeThaw]) -> Iterator[str]:
+    """The URL of a server answering with ``handler``, for the block."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        with LeanClient(url, {"Authorization": "Bearer k"}, timeout_s=10) as c:
-            for i in range(3):  # the same connection, reused
-                r = c.post("/v1/x", json={"i": i})
-                assert r.status_code == 201
-                assert r.headers.get("x-thaw-cold") == "false"  # any case
-                assert r.json() == {"path": "/v1/x", "auth": "Bearer k", "got": {"i": i}}
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
+
+
+class Echo(FakeThaw):
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        echoed = {"path": self.path, "auth": self.headers["Authorization"], "got": json.loads(body)}
+        self.answer(201, echoed)
+
+
+def test_lean_client_posts_json_on_one_connection_and_reads_the_answer() -> None:
+    with serving(Echo) as url, LeanClient(url, {"Authorization": "Bearer k"}, 10) as c:
+        for i in range(3):  # the same connection, reused
+            r = c.post("/v1/x", json={"i": i})
+            assert r.status_code == 201
+            assert r.headers.get("x-thaw-cold") == "false"  # any case
+            assert r.json() == {"path": "/v1/x", "auth": "Bearer k", "got": {"i": i}}
 
 
 def test_paced_rows_are_judged_for_latency_only() -> None:
@@ -125,11 +139,9 @@ def test_paced_rows_are_judged_for_latency_only() -> None:
     assert calls["value"] is None and calls["met"] is None  # a paced row measures no capacity
 
 
-class StallingThaw(BaseHTTPRequestHandler):
+class StallingThaw(FakeThaw):
     """Answers invokes as thaw does; the first call of a run waits ``stall_s``."""
 
-    protocol_version = "HTTP/1.1"
-    wbufsize = 1 << 16  # headers and body in one write (no wait on a delayed ACK)
     stall_s = 0.0
     seen = 0
     lock = threading.Lock()
@@ -141,25 +153,14 @@ class StallingThaw(BaseHTTPRequestHandler):
             first = StallingThaw.seen == 1
         if first:
             time.sleep(self.stall_s)
-        out = json.dumps({"output": body["input"], "timings_ms": {"total": 0.1}}).encode()
-        self.send_response(200)
-        self.send_header("X-Thaw-Cold", "false")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.answer(200, {"output": body["input"], "timings_ms": {"total": 0.1}})
 
 
 @pytest.fixture
 def stalling_thaw() -> Iterator[SimpleNamespace]:
     StallingThaw.seen, StallingThaw.stall_s = 0, 0.35
-    server = ThreadingHTTPServer(("127.0.0.1", 0), StallingThaw)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield SimpleNamespace(url=f"http://127.0.0.1:{server.server_address[1]}", admin_key="k")
-    server.shutdown()
-    server.server_close()
+    with serving(StallingThaw) as url:
+        yield SimpleNamespace(url=url, admin_key="k")
 
 
 def test_paced_clients_send_at_the_rate_and_time_calls_from_when_they_were_due(
