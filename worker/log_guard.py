@@ -6,9 +6,10 @@ Installed in the replica child when it is specialized (``worker.specialize``):
 * hold text until a whole line is there, then replace every secret value the
   replica was given by ``[redacted:NAME]`` (a secret split across ``write``
   calls within one line is still caught);
-* count what each thread wrote — a call runs on a thread of its own — and past
-  ``max_bytes_per_call`` drop the rest of that call's output, after one marker
-  line saying so and naming the setting.
+* count what each call wrote, by its thread — calls run one at a time on each
+  of a pool of threads, and each restarts its thread's count (:func:`start_call`)
+  — and past ``max_bytes_per_call`` drop the rest of that call's output, after
+  one marker line saying so and naming the setting.
 
 Only Python-level writes pass through here; a C extension writing to file
 descriptor 1 or 2 directly bypasses it.
@@ -52,6 +53,16 @@ class GuardedStream:
             self._emit(rest)
         self.inner.flush()
 
+    def start_call(self) -> None:
+        """A call starts on this thread: a line the last call here left unfinished goes
+        out under that call's count, then the count starts again."""
+        rest = getattr(self._local, "pending", "")
+        if rest:
+            self._local.pending = ""
+            self._emit(rest + "\n")
+        self._local.written = 0
+        self._local.marked = False
+
     def _emit(self, text: str) -> None:
         text = redact(text, self.secrets)
         written = getattr(self._local, "written", 0)
@@ -70,6 +81,14 @@ class GuardedStream:
 
     def __getattr__(self, name: str) -> Any:  # fileno, encoding, isatty...
         return getattr(self.inner, name)
+
+
+def start_call() -> None:
+    """Start this thread's counts again for a new call (nothing when not installed, or
+    when the function put streams of its own in place)."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, GuardedStream):
+            stream.start_call()
 
 
 def install(secrets: Mapping[str, str], max_bytes_per_call: int | None) -> None:

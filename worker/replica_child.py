@@ -192,9 +192,11 @@ class ChildServer:
         return Batcher(runner.run, max_batch_size, max_wait_ms / 1000, key=lambda m: m.adapter)
 
     def _run_call(self, msg: Any) -> None:
+        from worker import log_guard
         from worker.child_protocol import CallError, Result, dump
         from worker.specialize import format_error
 
+        log_guard.start_call()  # its thread ran other calls before: their output is theirs
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         hit: bool | None = None
