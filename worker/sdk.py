@@ -68,7 +68,9 @@ Contract:
   traceback tail are reported) and no call reaches ``__call__``.
 - ``__call__`` runs on at most ``target_concurrency`` threads at once (the
   replica holds back the calls beyond it); above one, guard shared mutable
-  state yourself.
+  state yourself. The threads are kept from call to call: what one call sets
+  per thread (a ``threading.local``, torch's grad mode) the next call on that
+  thread still sees.
 - An exception in ``__call__`` ends that call as failed with the message
   and the tail of the traceback; the replica stays up and takes more calls.
 - A call that runs past its timeout has its replica process killed; do not
