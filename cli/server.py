@@ -38,6 +38,8 @@ def server(
 
     settings = Settings()
     processes = processes or settings.server_processes
+    # --processes wins over THAW_SERVER_PROCESSES: each process paces its reconcile by it.
+    settings = settings.model_copy(update={"server_processes": processes})
     host, port = host or settings.server_host, port or settings.server_port
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
     # A line per request at INFO; above it uvicorn would still format each, unshown.
