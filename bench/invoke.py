@@ -269,7 +269,7 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     )
     closed = [r["calls_per_s"] for r in rows if not r.get("rate")]
     best = max(closed, default=None)
-    how = f"paced at {at16['rate']:g} calls/s" if at16 and at16.get("rate") else "closed loop"
+    how = _pacing(at16.get("rate", 0.0) if at16 else 0.0)
 
     def check(name: str, value: float | None, limit: float, upper: bool) -> dict[str, Any]:
         met = None if value is None else (value <= limit if upper else value >= limit)

@@ -47,21 +47,22 @@ class GuardedStream:
         return len(text)
 
     def flush(self) -> None:
-        rest = getattr(self._local, "pending", "")
-        if rest:
-            self._local.pending = ""
-            self._emit(rest)
+        self._emit_pending("")
         self.inner.flush()
 
     def start_call(self) -> None:
         """A call starts on this thread: a line the last call here left unfinished goes
         out under that call's count, then the count starts again."""
+        self._emit_pending("\n")
+        self._local.written = 0
+        self._local.marked = False
+
+    def _emit_pending(self, end: str) -> None:
+        """This thread's unfinished line, if any, out now with ``end``."""
         rest = getattr(self._local, "pending", "")
         if rest:
             self._local.pending = ""
-            self._emit(rest + "\n")
-        self._local.written = 0
-        self._local.marked = False
+            self._emit(rest + end)
 
     def _emit(self, text: str) -> None:
         text = redact(text, self.secrets)

@@ -235,7 +235,6 @@ class ChildServer:
 
     def _adapter(self, name: str | None) -> Any:
         """Hold the call's adapter loaded (``AdapterUse``), or None: no adapter or no cache."""
-
         if name is None or self.replica.adapters is None:
             return contextlib.nullcontext(None)
         return self.replica.adapters.use(name)
