@@ -18,6 +18,10 @@ Each call's timings carry ``batch_wait`` (how long it waited for its batch),
 ``execution`` (the batch's run) and ``first_output`` from its own arrival;
 each answer carries ``batch_size`` and ``batch_index``, and, for a batch that
 named an adapter, ``loaded_adapters`` (what the replica holds after it).
+
+What a batch prints counts as one call's against ``THAW_MAX_LOG_BYTES_PER_CALL``
+(``worker.log_guard``): every batch runs on the batcher's one thread, and each
+starts that thread's count again.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from worker import log_guard
 from worker.child_protocol import CallEnd, CallError, CallMsg, Output, Result, dump
 from worker.sdk import CallContext, accepts_call_context, is_stream
 from worker.specialize import format_error
@@ -55,6 +60,7 @@ class BatchRunner:
 
     def run(self, msgs: list[CallMsg], waits_ms: list[float]) -> None:
         """Run the batch and answer each call; never raises."""
+        log_guard.start_call()  # the batches before it ran on this thread: their output is theirs
         t0 = time.perf_counter()
         n = len(msgs)
         timings = [{"batch_wait": w} for w in waits_ms]

@@ -5,11 +5,16 @@ the replica holds afterwards (the router prefers holders)."""
 from __future__ import annotations
 
 import contextlib
+import io
+import sys
 from typing import Any
+
+import pytest
 
 from worker.adapters import AdapterCache
 from worker.batch_calls import BatchRunner
 from worker.child_protocol import FROM_CHILD, CallMsg, Result
+from worker.log_guard import MARKER, GuardedStream
 from worker.sdk import Adapter
 
 
@@ -54,3 +59,28 @@ def test_a_batch_reports_the_adapters_the_replica_holds_after_it() -> None:
     assert results["plain"].loaded_adapters is None  # no adapter named: nothing changed
     # The cap of 1 on-demand adapter evicted new:v1 once other:v1 was released.
     assert results["other"].loaded_adapters == ["listed", "other:v1"]
+
+
+class Chatty:
+    def batch(self, inputs: list[str]) -> list[str]:
+        for s in inputs:
+            print(f"working on {s}")
+        return inputs
+
+
+class ChattyReplica:
+    instance = Chatty()
+
+
+def test_each_batch_gets_its_own_print_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", GuardedStream(out, {}, max_bytes=40))
+    sent: list[Any] = []
+    runner = BatchRunner(ChattyReplica(), sent.append, lambda _: contextlib.nullcontext(None))
+    runner.run([CallMsg(call_id=f"a{i}", input=f"a{i}") for i in range(3)], [0.0] * 3)
+    runner.run([CallMsg(call_id="b", input="b")], [0.0])
+    # 3 x 14 bytes pass 40: the first batch's third line is dropped and marked once; the
+    # second batch, on the same thread, prints again.
+    assert out.getvalue() == (
+        "working on a0\nworking on a1\n" + MARKER.format(cap=40) + "working on b\n"
+    )
