@@ -19,6 +19,7 @@ from control_plane.services import functions
 from control_plane.services.context import Services
 from control_plane.services.keys import Principal
 from control_plane.services.ratelimit import Limit, RateLimiter
+from control_plane.services.ratelimit_zone import ZONE_FILE, SharedBuckets
 
 
 def function_limit_reader(services: Services) -> Callable[[str], Limit | None]:
@@ -37,7 +38,11 @@ def function_limit_reader(services: Services) -> Callable[[str], Limit | None]:
 
 
 def make_rate_limiter(services: Services) -> RateLimiter:
-    return RateLimiter(services.clock, function_limit_reader(services))
+    """The processes of one ``thaw server --processes N`` share their buckets (in
+    their peer directory); a single process keeps its own."""
+    peer_dir = services.settings.peer_dir
+    buckets = SharedBuckets(peer_dir / ZONE_FILE) if peer_dir is not None else None
+    return RateLimiter(services.clock, function_limit_reader(services), buckets)
 
 
 def charge_if_known(limiter: RateLimiter, who: Principal, name: str) -> bool:

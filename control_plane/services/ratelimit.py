@@ -5,8 +5,9 @@ takes one token, or is refused with the seconds until one is there (the
 ``Retry-After`` of the 429). :func:`decide` is the whole policy: a pure
 function of (bucket, limit, now), tested with a fake clock.
 
-Where the state lives: in the memory of each control-plane process
-(:class:`RateLimiter`). Behind a load balancer with N processes a client can
+Where the state lives (``services.ratelimit_zone``): in the memory of the
+process, or, for the processes of one ``thaw server --processes N``, in a
+table they share. Behind a load balancer with N separate servers a client can
 get up to N times the limit, and a restart refills every bucket; the limit
 protects workers from floods, it is not billing. The check runs before a call
 is recorded or scheduled, so a refused call never starts a replica.
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 from control_plane.clock import Clock
 from control_plane.errors import BadRequestError, RateLimitedError
+from control_plane.services.ratelimit_zone import Buckets, MemoryBuckets
 
 FUNCTION_LIMITS_TTL_S = 2.0
 
@@ -86,14 +88,17 @@ def retry_after_header(retry_after_s: float) -> str:
 
 
 class RateLimiter:
-    """The buckets of one control-plane process. Thread-safe."""
+    """Charges the buckets (``buckets``: this process's own by default). Thread-safe."""
 
     def __init__(
-        self, clock: Clock, function_limit: Callable[[str], Limit | None] | None = None
+        self,
+        clock: Clock,
+        function_limit: Callable[[str], Limit | None] | None = None,
+        buckets: Buckets | None = None,
     ) -> None:
         self._clock = clock
         self._function_limit = function_limit or (lambda _: None)
-        self._buckets: dict[tuple[str, str], Bucket] = {}
+        self._buckets = buckets if buckets is not None else MemoryBuckets()
         self._limits: dict[str, tuple[float, Limit | None]] = {}
         self._lock = threading.Lock()
 
@@ -106,12 +111,16 @@ class RateLimiter:
             (("key", key_id), key_limit, f"API key {key_id}", "ask for a key with a higher --rate"),
             (("function", function), fn_limit, f"function {function!r}", "raise [limits]"),
         ]
-        with self._lock:
+        if all(limit is None for _, limit, _, _ in checks):
+            return
+        with self._buckets.charging() as table:
             taken: dict[tuple[str, str], Bucket] = {}
             for slot, limit, who, remedy in checks:
                 if limit is None:
                     continue
-                decision, after = decide(self._buckets.get(slot), limit, now)
+                saved = table.get(slot)
+                bucket = Bucket(*saved) if saved is not None else None
+                decision, after = decide(bucket, limit, now)
                 if not decision.allowed:
                     raise RateLimitedError(
                         f"{who} is over its rate limit of {limit.rate_per_s:g} calls/s "
@@ -120,7 +129,8 @@ class RateLimiter:
                         decision.retry_after_s,
                     )
                 taken[slot] = after
-            self._buckets.update(taken)
+            for slot, after in taken.items():
+                table[slot] = (after.tokens, after.updated_at)
 
     def knows(self, function: str) -> bool:
         """Whether ``check`` can judge ``function`` without reading its limit (no I/O)."""

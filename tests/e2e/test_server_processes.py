@@ -104,3 +104,22 @@ def test_metrics_count_the_calls_of_both_processes(stack: Stack) -> None:
                 time.sleep(HANDOVER_S)
             assert answer.result(timeout=120).status_code == 200
     assert calls_counted(stack) == before + 5  # whichever process answers the scrape
+
+
+def test_the_processes_charge_one_rate_limit(stack: Stack) -> None:
+    """A key's burst spent through one process is spent for the other too: the
+    kernel spreads connections, so buckets of their own would give N times the limit."""
+    assert invoke(stack, "probe", {"input": {}}).status_code == 200  # the replica is up
+    with stack.client() as c:
+        r = c.post("/v1/keys", json={"scopes": ["invoke"], "rate_per_s": 0.01, "rate_burst": 2})
+    assert r.status_code == 201, r.text
+    auth = {"Authorization": f"Bearer {r.json()['token']}"}
+    a, b = serving(stack)
+    codes = []
+    with ThreadPoolExecutor(1) as pool:
+        for other in (b, b, a):  # the burst through A, then one more through B
+            with stopped(other):
+                answer = pool.submit(invoke, stack, "probe", {"input": {}}, **auth)
+                time.sleep(HANDOVER_S)
+            codes.append(answer.result(timeout=120).status_code)
+    assert codes == [200, 200, 429]
