@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import random
 import sys
 import tempfile
@@ -42,6 +43,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 from rich.console import Console
 
+from bench import _cpu
 from bench import _invoke_setup as setup
 from bench._common import Column, TableSpec, machine_description, percentile, render_table
 from bench._common import write_json as write_json_doc
@@ -61,6 +63,7 @@ BASELINE_CALLS = 20_000
 # queue_wait: accepted -> started on the replica (routing + broker); execution: the
 # function; total: accepted -> result recorded by the worker.
 SPLIT_KEYS = ("queue_wait", "execution", "total")
+CPU_PARTS = ("server", "worker", "replica", "clients")
 
 
 @dataclass(frozen=True)
@@ -235,9 +238,11 @@ def make_row(
     baseline_ms: dict[str, float],
     processes: int = 1,
     rate: float = 0.0,
+    cpu_s: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """One client count's row: thaw, in-process and overhead percentiles, calls/s
-    (``rate``: the calls/s the clients were paced at; 0: a closed loop)."""
+    (``rate``: the calls/s the clients were paced at; 0: a closed loop), and what
+    each part spent of CPU per call (``cpu_s``: CPU seconds over the run, by part)."""
     thaw_ms = quantiles_ms(run.latencies_s) if run.latencies_s else None
     overhead = {k: thaw_ms[k] - baseline_ms[k] for k in baseline_ms} if thaw_ms else None
     calls = len(run.latencies_s)
@@ -255,6 +260,11 @@ def make_row(
         "in_process_ms": baseline_ms,
         "overhead_ms": overhead,
         "server_p50_ms": {k: percentile(v, 50) for k, v in run.server_ms.items() if v},
+        "cpu_ms_per_call": (
+            {part: spent * 1e3 / calls for part, spent in cpu_s.items()}
+            if cpu_s is not None and calls
+            else None
+        ),
     }
 
 
@@ -313,6 +323,29 @@ def results_table(doc: dict[str, Any]) -> TableSpec:
     return spec
 
 
+def cpu_table(doc: dict[str, Any]) -> TableSpec | None:
+    """CPU ms per call by part; None when no row measured it (no ``/proc``)."""
+    rows = [r for r in doc["rows"] if r.get("cpu_ms_per_call")]
+    if not rows:
+        return None
+    cols = [Column(c) for c in ("procs", "clients", *CPU_PARTS, "thaw in all")]
+    spec = TableSpec(
+        "CPU per call, ms (user + system, all threads)",
+        cols,
+        caption=(
+            "server = its processes; worker = the worker agent; replica = its zygote and "
+            "replica processes; clients = this bench's client threads. Where calls/s moves "
+            "with other tenants' load (steal time), these move less"
+        ),
+    )
+    for r in rows:
+        cpu = r["cpu_ms_per_call"]
+        thaw = sum(cpu[p] for p in CPU_PARTS if p != "clients")
+        figures = [f"{cpu[p]:.2f}" for p in CPU_PARTS]
+        spec.rows.append([str(r["processes"]), str(r["clients"]), *figures, f"{thaw:.2f}"])
+    return spec
+
+
 def _pacing(rate: float) -> str:
     return f"paced at {rate:g} calls/s" if rate else "closed loop"
 
@@ -325,6 +358,21 @@ def targets_table(doc: dict[str, Any]) -> TableSpec:
         met = {True: "yes", False: "NO", None: "not measured"}[t["met"]]
         spec.rows.append([t["name"], t["target"], value, met])
     return spec
+
+
+def cpu_meter(stack: Any) -> _cpu.TreeMeter | None:
+    """A meter of the stack's parts (``CPU_PARTS``); None without ``/proc``."""
+    if not _cpu.available():
+        return None
+    server, worker = (p.popen.pid for p in stack.procs[:2])
+    return _cpu.TreeMeter(
+        {
+            "server": [server, *_cpu.descendants(server)],
+            "worker": [worker],
+            "replica": _cpu.descendants(worker),
+            "clients": [os.getpid()],
+        }
+    )
 
 
 # --- main ----------------------------------------------------------------------------
@@ -343,10 +391,12 @@ def run_bench(opts: Options, console: Console) -> dict[str, Any]:
                 setup.warm_up(stack)
                 for clients in opts.clients:
                     console.print(f"{clients} clients for {opts.duration_s:g} s")
+                    meter = cpu_meter(stack)
                     run = run_clients(
                         stack, clients, opts.duration_s, console, opts.client, opts.rate
                     )
-                    rows.append(make_row(clients, run, baseline_ms, processes, opts.rate))
+                    cpu = meter.spent_s() if meter is not None else None
+                    rows.append(make_row(clients, run, baseline_ms, processes, opts.rate, cpu))
     return {
         "bench": "invoke",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -372,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]invoke bench: {e}[/red]")
         return 2
     render_table(results_table(doc), console)
+    if (cpu := cpu_table(doc)) is not None:
+        render_table(cpu, console)
     render_table(targets_table(doc), console)
     if opts.json:
         write_json_doc(doc, opts.json)

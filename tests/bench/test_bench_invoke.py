@@ -39,6 +39,9 @@ def test_quick_run_reports_every_client_count() -> None:
         assert row["cold"] == 0, row  # warmed up first: every timed call is warm
         assert set(row["server_p50_ms"]) == {"queue_wait", "execution", "total"}, row
         assert row["overhead_ms"]["p99"] >= row["overhead_ms"]["p50"] - 1e-9, row
+        cpu = row["cpu_ms_per_call"]  # each part found and measured: every one works per call
+        assert set(cpu) == {"server", "worker", "replica", "clients"}, row
+        assert all(ms > 0 for ms in cpu.values()), row
     assert [t["met"] for t in doc["targets"][:2]] == [None, None]  # no 16-client row
     assert doc["targets"][2]["value"] > 0
 
