@@ -184,6 +184,7 @@ def create_app(
             if services.direct is not None:
                 services.direct.close()
             services.tracing.close()
+            app.state.rate_limiter.close()
             services.db.dispose()
 
     # The OpenAPI document is served by routes/health.py behind a key, like

@@ -132,6 +132,10 @@ class RateLimiter:
             for slot, after in taken.items():
                 table[slot] = (after.tokens, after.updated_at)
 
+    def close(self) -> None:
+        """Let go of the buckets (a shared table's mapping); no charge after this."""
+        self._buckets.close()
+
     def knows(self, function: str) -> bool:
         """Whether ``check`` can judge ``function`` without reading its limit (no I/O)."""
         with self._lock:

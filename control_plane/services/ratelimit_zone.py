@@ -52,6 +52,8 @@ class Buckets(Protocol):
 
     def charging(self) -> AbstractContextManager[BucketTable]: ...
 
+    def close(self) -> None: ...
+
 
 class MemoryBuckets:
     """The buckets of this process alone."""
@@ -64,6 +66,9 @@ class MemoryBuckets:
     def charging(self) -> Iterator[dict[Slot, Saved]]:
         with self._lock:
             yield self._buckets
+
+    def close(self) -> None:
+        pass
 
 
 class SharedBuckets:
