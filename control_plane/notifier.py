@@ -10,13 +10,9 @@ separate servers behind a load balancer see each other's changes by polling.
 from __future__ import annotations
 
 import abc
-import logging
-import socket
 import threading
 
-from control_plane.peers import Peers
-
-log = logging.getLogger(__name__)
+from control_plane.peers import Datagrams, Peers
 
 
 class Notifier(abc.ABC):
@@ -93,36 +89,12 @@ class PeerNotifier(InProcessNotifier):
 
     def __init__(self, peers: Peers, max_calls: int = InProcessNotifier.MAX_CALLS) -> None:
         super().__init__(max_calls)
-        self._peers = peers
-        self._in = peers.bind("wake", socket.SOCK_DGRAM)
-        self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._out.setblocking(False)
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._receive, name="thaw-peer-wake", daemon=True)
-        self._thread.start()
+        # What a peer sends is not sent on: every peer got it already.
+        self._wake = Datagrams(peers, "wake", super().notify)
 
     def notify(self, call_id: str) -> None:
         super().notify(call_id)
-        data = call_id.encode()
-        for pid in self._peers.others():
-            try:
-                self._out.sendto(data, self._peers.path("wake", pid))
-            except OSError as exc:  # gone, or not keeping up: it polls
-                log.debug("no wake-up to peer %d: %s", pid, exc)
-
-    def _receive(self) -> None:
-        while not self._closed.is_set():
-            try:
-                data = self._in.recv(1024)
-            except TimeoutError:
-                continue
-            except OSError:
-                return  # closed
-            super().notify(data.decode())  # not sent on: every peer got it already
+        self._wake.send(call_id)
 
     def close(self) -> None:
-        self._closed.set()
-        self._thread.join()
-        self._in.close()
-        self._out.close()
-        self._peers.unlink("wake")
+        self._wake.close()

@@ -9,6 +9,9 @@ when it stops). Each process binds two Unix sockets there, named by its pid:
   poll (``THAW_RESULT_POLL_INTERVAL_S``);
 - ``<pid>.metrics`` (a stream): answered with the process's metrics, so
   whichever process a scrape reaches answers for all (``metrics.merged``).
+- ``<pid>.revoke`` (datagrams): the id of an API key just revoked; the process
+  forgets it had verified the key (``keys.PrincipalCache``), so a revoke takes
+  effect on every process at once, not after ``THAW_AUTH_CACHE_TTL_S``.
 
 A process that ended may leave its files behind; reaching one fails, and is
 skipped: waiters poll the database anyway, and a scrape reports the others.
@@ -75,6 +78,49 @@ class Peers:
     def unlink(self, kind: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path(kind))
+
+
+class Datagrams:
+    """Short messages of one ``kind`` between the processes: ``send`` gives one to every
+    other process; each one this process receives is passed to ``handle`` on a thread
+    of its own. A message that cannot be sent (the peer ended, its buffer is full) is
+    dropped: what each kind is for must hold without it (a poll, a TTL)."""
+
+    def __init__(self, peers: Peers, kind: str, handle: Callable[[str], None]) -> None:
+        self._peers = peers
+        self._kind = kind
+        self._handle = handle
+        self._in = peers.bind(kind, socket.SOCK_DGRAM)
+        self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._out.setblocking(False)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._receive, name=f"thaw-peer-{kind}", daemon=True)
+        self._thread.start()
+
+    def send(self, text: str) -> None:
+        data = text.encode()
+        for pid in self._peers.others():
+            try:
+                self._out.sendto(data, self._peers.path(self._kind, pid))
+            except OSError as exc:  # gone, or not keeping up
+                log.debug("no %s message to peer %d: %s", self._kind, pid, exc)
+
+    def _receive(self) -> None:
+        while not self._closed.is_set():
+            try:
+                data = self._in.recv(1024)
+            except TimeoutError:
+                continue
+            except OSError:
+                return  # closed
+            self._handle(data.decode())
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join()
+        self._in.close()
+        self._out.close()
+        self._peers.unlink(self._kind)
 
 
 class MetricsServer:

@@ -30,7 +30,7 @@
 | server_processes           | THAW_SERVER_PROCESSES        | 1 (control-plane processes behind the one port; one per core to use them all) |
 | peer_dir                   | THAW_PEER_DIR                | (set by `thaw server` for its processes: where they find each other and share rate-limit buckets) |
 | admin_key_file             | THAW_ADMIN_KEY_FILE          | (none; first admin key copy) |
-| auth_cache_ttl_s           | THAW_AUTH_CACHE_TTL_S        | 2 (a verified key is trusted this long; a revoke through another control plane takes this long here; 0: off) |
+| auth_cache_ttl_s           | THAW_AUTH_CACHE_TTL_S        | 2 (a verified key is trusted this long; a revoke through another server takes this long here; 0: off) |
 | secrets_key                | THAW_SECRETS_KEY             | (<home>/secrets.key, made on first use; one key for all control planes) |
 | max_body_bytes             | THAW_MAX_BODY_BYTES          | 6 MiB                |
 | max_upload_bytes           | THAW_MAX_UPLOAD_BYTES        | 64 GiB (console folder uploads) |

@@ -52,7 +52,7 @@ from control_plane.dispatch.secrets import SecretsDispatcher, secret_box
 from control_plane.loop import BackgroundLoop
 from control_plane.metrics import Metrics
 from control_plane.notifier import InProcessNotifier, Notifier, PeerNotifier
-from control_plane.peers import MetricsServer, Peers
+from control_plane.peers import Datagrams, MetricsServer, Peers
 from control_plane.services import keys as key_service
 from control_plane.services.bundles import BundleValidator, subprocess_validator
 from control_plane.services.context import Services
@@ -83,6 +83,7 @@ def build_services(
     db = Database(settings.database_url_resolved())
     peers = Peers(settings.peer_dir) if settings.peer_dir is not None else None
     notifier: Notifier = PeerNotifier(peers) if peers is not None else InProcessNotifier()
+    principals = key_service.PrincipalCache(clock, settings.auth_cache_ttl_s)
     return Services(
         settings=settings,
         db=db,
@@ -96,8 +97,10 @@ def build_services(
         validate_bundle=validate_bundle or subprocess_validator(settings.deploy_validate_timeout_s),
         tracing=open_tracing(tracing_config(settings, "thaw-control-plane")),
         direct=DirectChannel() if settings.direct_calls else None,
-        principals=key_service.PrincipalCache(clock, settings.auth_cache_ttl_s),
+        principals=principals,
         peers=peers,
+        # A key revoked through another process is forgotten here at once.
+        revocations=Datagrams(peers, "revoke", principals.drop) if peers is not None else None,
     )
 
 
@@ -177,6 +180,8 @@ def create_app(
             if peer_metrics is not None:
                 peer_metrics.close()
             services.notifier.close()
+            if services.revocations is not None:
+                services.revocations.close()
             if run_loop:
                 loop.stop()
             app.state.invoke_threads.shutdown(wait=False)

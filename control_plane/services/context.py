@@ -12,7 +12,7 @@ from control_plane.dispatch.base import Dispatcher
 from control_plane.dispatch.direct import DirectChannel
 from control_plane.metrics import Metrics
 from control_plane.notifier import Notifier
-from control_plane.peers import Peers
+from control_plane.peers import Datagrams, Peers
 from control_plane.services.bundles import BundleValidator
 from control_plane.services.keys import PrincipalCache
 from control_plane.settings import Settings
@@ -44,6 +44,8 @@ class Services:
     principals: PrincipalCache | None = None
     # The other processes of this server (``thaw server --processes N``); None: alone.
     peers: Peers | None = None
+    # Tells those processes of each key revoked here (``peers``: ``<pid>.revoke``).
+    revocations: Datagrams | None = None
     _registry: Registry | None = None
 
     @property

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 from control_plane.notifier import PeerNotifier
-from control_plane.peers import MetricsServer, Peers, peer_expositions
+from control_plane.peers import Datagrams, MetricsServer, Peers, peer_expositions
+from control_plane.services.keys import Principal, PrincipalCache
 from tests.control_plane.unit.test_peer_metrics import process_metrics, series_values
 
 
@@ -33,6 +35,32 @@ def test_a_change_wakes_the_waiters_of_a_peer(tmp_path: Path) -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_a_key_revoked_by_one_process_is_forgotten_by_the_others(tmp_path: Path) -> None:
+    # Each process has its wake socket (how peers are found) and its revoke channel.
+    caches = {pid: PrincipalCache(lambda: 1000.0, ttl_s=600) for pid in (101, 102)}
+    wakes = [PeerNotifier(Peers(tmp_path, pid=pid)) for pid in caches]
+    revokes = {
+        pid: Datagrams(Peers(tmp_path, pid=pid), "revoke", c.drop) for pid, c in caches.items()
+    }
+    who = Principal("k1", frozenset({"invoke"}), None)
+    try:
+        for cache in caches.values():
+            cache.put("thaw_k1_secret", who)
+            cache.put("thaw_k2_secret", Principal("k2", frozenset({"invoke"}), None))
+        caches[101].drop("k1")  # what the revoke route does, then tells the others
+        revokes[101].send("k1")
+        deadline = time.monotonic() + 30
+        while caches[102].get("thaw_k1_secret") is not None:
+            assert time.monotonic() < deadline, "process 102 still trusts the revoked key"
+            time.sleep(0.01)
+        assert caches[102].get("thaw_k2_secret") is not None  # only that key
+    finally:
+        for channel in revokes.values():
+            channel.close()
+        for wake in wakes:
+            wake.close()
 
 
 def test_a_peer_that_ended_is_skipped(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ stopping the other process (SIGSTOP) while the connection is made and its
 request read, and only then (longer, it could hold the database's writer lock,
 and uvicorn kills a process that does not answer its health check for 5 s).
 The result poll is a minute long, so only a wake-up from the other process
-ends a wait in time.
+ends a wait in time; a verified key is trusted for ten minutes, so only a
+revocation sent by the other process ends that in time.
 """
 
 from __future__ import annotations
@@ -30,11 +31,17 @@ from tests.e2e.test_platform import invoke, probe_spec
 POLL_S = 60.0
 # Long enough for the process left running to take the connection and read the request.
 HANDOVER_S = 0.5
+# A process trusts a key it verified this long: only a revocation sent to it ends that.
+AUTH_CACHE_TTL_S = 600
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, e2e_store: E2EStore) -> Iterator[Stack]:
-    settings = {"THAW_SERVER_PROCESSES": "2", "THAW_RESULT_POLL_INTERVAL_S": str(POLL_S)}
+    settings = {
+        "THAW_SERVER_PROCESSES": "2",
+        "THAW_RESULT_POLL_INTERVAL_S": str(POLL_S),
+        "THAW_AUTH_CACHE_TTL_S": str(AUTH_CACHE_TTL_S),
+    }
     tmp = tmp_path_factory.mktemp("e2e-processes")
     with running_stack("embedded", tmp, e2e_store, settings=settings) as s:
         scaling = {"min_replicas": 1, "max_replicas": 1, "idle_timeout_s": 600}
@@ -115,11 +122,36 @@ def test_the_processes_charge_one_rate_limit(stack: Stack) -> None:
     assert r.status_code == 201, r.text
     auth = {"Authorization": f"Bearer {r.json()['token']}"}
     a, b = serving(stack)
-    codes = []
-    with ThreadPoolExecutor(1) as pool:
-        for other in (b, b, a):  # the burst through A, then one more through B
-            with stopped(other):
-                answer = pool.submit(invoke, stack, "probe", {"input": {}}, **auth)
-                time.sleep(HANDOVER_S)
-            codes.append(answer.result(timeout=120).status_code)
-    assert codes == [200, 200, 429]
+    # The burst through A, then one more through B.
+    assert [invoke_through(stack, other, **auth) for other in (b, b, a)] == [200, 200, 429]
+
+
+def invoke_through(stack: Stack, other: int, **headers: str) -> int:
+    """The status of a probe invoke taken by the process that is not ``other``."""
+    with ThreadPoolExecutor(1) as pool, stopped(other):
+        answer = pool.submit(invoke, stack, "probe", {"input": {}}, **headers)
+        time.sleep(HANDOVER_S)
+    return int(answer.result(timeout=120).status_code)
+
+
+def revoke(stack: Stack, key_id: str) -> int:
+    with stack.client() as c:
+        return int(c.delete(f"/v1/keys/{key_id}").status_code)
+
+
+def test_a_key_revoked_through_one_process_is_refused_by_the_other(stack: Stack) -> None:
+    assert invoke(stack, "probe", {"input": {}}).status_code == 200  # the replica is up
+    with stack.client() as c:
+        r = c.post("/v1/keys", json={"scopes": ["invoke"]})
+    assert r.status_code == 201, r.text
+    key_id, auth = r.json()["id"], {"Authorization": f"Bearer {r.json()['token']}"}
+    a, b = serving(stack)
+    assert invoke_through(stack, a, **auth) == 200  # B verified the key: it trusts it now
+    with ThreadPoolExecutor(1) as pool, stopped(b):  # revoked through A
+        revoked = pool.submit(revoke, stack, key_id)
+        time.sleep(HANDOVER_S)
+    assert revoked.result(timeout=120) == 200
+    deadline = time.monotonic() + 30  # far within B's trust of it
+    while (code := invoke_through(stack, a, **auth)) == 200:
+        assert time.monotonic() < deadline, "B still serves a key revoked through A"
+    assert code == 401

@@ -37,4 +37,6 @@ def revoke_key(key_id: str, who: PrincipalDep, services: ServicesDep) -> KeyPubl
         revoked = KeyPublic.of(keys.revoke_key(s, key_id, services.clock()))
     if services.principals is not None:
         services.principals.drop(key_id)
+    if services.revocations is not None:  # the server's other processes forget it too
+        services.revocations.send(key_id)
     return revoked
