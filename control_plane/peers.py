@@ -113,7 +113,10 @@ class Datagrams:
                 continue
             except OSError:
                 return  # closed
-            self._handle(data.decode())
+            try:
+                self._handle(data.decode())
+            except Exception:  # one bad message must not end this thread
+                log.exception("handling a %s message from a peer failed", self._kind)
 
     def close(self) -> None:
         self._closed.set()
