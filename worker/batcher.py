@@ -1,8 +1,9 @@
 """Dynamic batching inside a replica: gather calls, hand them over as one batch.
 
 A batched replica (``[batching]`` in the function's spec) does not run its
-calls one by one on its pool of call threads. Calls are submitted here as they arrive; one thread
-takes the oldest waiting call and gathers more behind it::
+calls one by one on its pool of call threads. Calls are submitted here as
+they arrive; one thread takes the oldest waiting call and gathers more behind
+it::
 
     waiting ──▶ batch formed when  max_batch_size calls are waiting
                                 or max_wait_ms has passed since the first arrived
