@@ -33,7 +33,7 @@ def server(
     """
     import uvicorn
 
-    from control_plane import gil
+    from control_plane import gil, heap
     from control_plane.api.app import create_app, prepare
 
     settings = Settings()
@@ -47,6 +47,7 @@ def server(
     if processes == 1:
         gil.tune()
         app = create_app(settings)
+        heap.freeze()
         _announce(settings, app.state.bootstrap_admin_key)
         uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=access_log)
         return

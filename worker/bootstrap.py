@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from control_plane import heap
 from control_plane.settings import Settings
 from control_plane.tracing import tracing_config
 from snapshotter.ram_tier import RamTier
@@ -152,6 +153,7 @@ def serve(settings: Settings) -> None:
         agent = build_agent(settings)
         if all(d.kind == "cpu" for d in agent.devices):
             log.warning("no CUDA device found: functions on this worker run on the CPU")
+        heap.freeze()  # torch and the agent's parts, imported and built by now
         agent.run(stop)
     finally:
         for sig, handler in previous.items():

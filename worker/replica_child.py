@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spawned-at", type=float, default=T_ENTRY_S)
     parser.add_argument("--preload", default="", help="modules to import, comma-separated")
     args = parser.parse_args(argv)
-    from control_plane import gil
+    from control_plane import gil, heap
 
     gil.tune()
     sock = socket.socket(fileno=args.fd)
@@ -298,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # e.g. CUDA asked for on a machine without it
         report_start_failure(sock, exc)
         return 1
+    heap.freeze()
     return serve_generic(sock, args.device, phases)
 
 

@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preload", default="", help="modules to import, comma-separated")
     args = parser.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
-    from control_plane import gil
+    from control_plane import gil, heap
     from worker.replica_child import import_libraries
 
     gil.tune()  # its forks inherit it
@@ -274,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         sock.send(json.dumps({"type": "failed", "error": repr(exc)}).encode())
         return 1
     imports_ms = (time.perf_counter() - t0) * 1000
+    heap.freeze()  # the forks share these pages and never collect them
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)

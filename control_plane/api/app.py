@@ -23,7 +23,7 @@ import anyio.to_thread
 from fastapi import Depends, FastAPI
 from starlette.types import ASGIApp
 
-from control_plane import gil
+from control_plane import gil, heap
 from control_plane.api import errors
 from control_plane.api.fast_invoke import FastInvoke, invoke_threads
 from control_plane.api.limits import BodySizeLimit
@@ -120,7 +120,9 @@ def served_app() -> FastAPI:
     """The app of one process of ``thaw server --processes N`` (uvicorn's factory):
     settings from the environment, the installation already prepared."""
     gil.tune()
-    return create_app(Settings(), prepared=True)
+    app = create_app(Settings(), prepared=True)
+    heap.freeze()
+    return app
 
 
 def _bootstrap(db: Database, clock: Clock, path: Path | None) -> str | None:

@@ -94,3 +94,23 @@ class Overlap:
         with self.lock:
             self.running -= 1
             return {"most_at_once": self.most}
+
+
+class Heap:
+    """Runs a full collection and answers how many objects it skipped (frozen) and
+    how much private memory the process gained by it."""
+
+    def __call__(self, input: Any) -> Any:
+        import gc
+
+        before_kib = _private_dirty_kib()
+        gc.collect()
+        return {"frozen": gc.get_freeze_count(), "gained_kib": _private_dirty_kib() - before_kib}
+
+
+def _private_dirty_kib() -> int:
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Private_Dirty:"):
+                return int(line.split()[1])
+    raise RuntimeError("no Private_Dirty in /proc/self/smaps_rollup")
