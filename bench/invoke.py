@@ -1,7 +1,7 @@
 """Invoke bench: warm call overhead over an in-process call, and no-op calls per second.
 
     python bench/invoke.py [--duration-s 10] [--clients 1,16,64] [--processes 1,2]
-                           [--rate CALLS_PER_S] [--broker filesystem|redis]
+                           [--rate CALLS_PER_S] [--repeat N] [--broker filesystem|redis]
                            [--client lean|httpx] [--json -|PATH] [--quick]
 
 Starts ``thaw server`` + one ``thaw worker`` (``bench._invoke_setup``), deploys
@@ -21,6 +21,11 @@ overhead). ``--rate R`` paces them instead: the clients together send R calls
 per second, each on a fixed schedule from a random start, and a call's latency
 counts from when it was due, not from when it was sent (as wrk2 does), so a
 stall behind a slow call is counted, not hidden.
+
+``--repeat N`` times every client count N times, in rounds (all client counts,
+then all again), and reports each figure as the median of its N runs; the
+targets are judged on those medians. One run's p99 moves by a third from one
+run to the next on a shared machine.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import argparse
 import datetime as dt
 import os
 import random
+import statistics
 import sys
 import tempfile
 import threading
@@ -76,6 +82,7 @@ class Options:
     json: str | None
     quick: bool
     rate: float = 0.0  # calls per second from all clients together; 0: a closed loop
+    repeat: int = 1  # runs per client count; the rows are their medians
 
 
 @dataclass
@@ -118,6 +125,9 @@ def parse_args(argv: list[str]) -> Options:
         help="calls per second from all clients together, paced (0: each sends when "
         "its last call returns)",
     )
+    p.add_argument(
+        "--repeat", type=int, default=1, help="runs per client count, reported as medians (1)"
+    )
     p.add_argument("--broker", choices=setup.BROKERS, default="filesystem")
     p.add_argument("--client", choices=setup.CLIENTS, default="lean", help="HTTP client (lean)")
     p.add_argument("--json", default=None, metavar="PATH", help="write results; '-' = stdout")
@@ -125,6 +135,8 @@ def parse_args(argv: list[str]) -> Options:
     a = p.parse_args(argv)
     if not a.rate >= 0:
         raise SystemExit(f"--rate {a.rate:g}: give calls per second, 0 or more")
+    if a.repeat < 1:
+        raise SystemExit(f"--repeat {a.repeat}: give the runs per client count, 1 or more")
     duration_s = a.duration_s or (QUICK_DURATION_S if a.quick else DEFAULT_DURATION_S)
     default_clients = QUICK_CLIENTS if a.quick else DEFAULT_CLIENTS
     clients = parse_counts("--clients", a.clients) if a.clients else list(default_clients)
@@ -132,7 +144,9 @@ def parse_args(argv: list[str]) -> Options:
     processes = (
         parse_counts("--processes", a.processes, "1,2") if a.processes else list(default_processes)
     )
-    return Options(duration_s, clients, processes, a.broker, a.client, a.json, a.quick, a.rate)
+    return Options(
+        duration_s, clients, processes, a.broker, a.client, a.json, a.quick, a.rate, a.repeat
+    )
 
 
 # --- measuring ----------------------------------------------------------------------
@@ -268,6 +282,39 @@ def make_row(
     }
 
 
+def median_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (server size, client count), in first-run order: each figure the
+    median of that pair's runs, the counts (calls, failed, cold, time) their sums."""
+    groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for run in runs:
+        groups.setdefault((run["processes"], run["clients"]), []).append(run)
+    return [_median_row(group) for group in groups.values()]
+
+
+def _median_row(group: list[dict[str, Any]]) -> dict[str, Any]:
+    first = group[0]
+    if len(group) == 1:
+        return {**first, "runs": 1}
+
+    def by_key(name: str) -> dict[str, float] | None:
+        present = [r[name] for r in group if r[name]]
+        if not present:
+            return None
+        return {k: statistics.median(d[k] for d in present) for k in present[0]}
+
+    return {
+        **first,
+        "runs": len(group),
+        **{k: sum(r[k] for r in group) for k in ("calls", "failed", "cold", "elapsed_s")},
+        "first_error": next((r["first_error"] for r in group if r["first_error"]), None),
+        "calls_per_s": statistics.median(r["calls_per_s"] for r in group),
+        "thaw_ms": by_key("thaw_ms"),
+        "overhead_ms": by_key("overhead_ms"),
+        "server_p50_ms": by_key("server_p50_ms") or {},
+        "cpu_ms_per_call": by_key("cpu_ms_per_call"),
+    }
+
+
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The issue's targets and whether this run met them (``met`` None: not measured),
     each judged on the server size that came closest. Paced rows say what their
@@ -306,7 +353,8 @@ def results_table(doc: dict[str, Any]) -> TableSpec:
         ),
         columns=[Column(c) for c in cols],
         caption=(
-            f"{doc['duration_s']:g} s per client count; {doc['machine']['cpus']} CPUs; "
+            f"{doc['duration_s']:g} s per client count{_runs(doc)}; "
+            f"{doc['machine']['cpus']} CPUs; "
             "procs = the server's processes; "
             "queue_wait = accepted -> started on the replica, worker total = accepted -> "
             "result at the worker (the calls' own timings)"
@@ -346,6 +394,11 @@ def cpu_table(doc: dict[str, Any]) -> TableSpec | None:
     return spec
 
 
+def _runs(doc: dict[str, Any]) -> str:
+    repeat = doc.get("repeat", 1)
+    return f", {repeat} runs each, medians" if repeat > 1 else ""
+
+
 def _pacing(rate: float) -> str:
     return f"paced at {rate:g} calls/s" if rate else "closed loop"
 
@@ -376,27 +429,36 @@ def cpu_meter(stack: Any) -> _cpu.TreeMeter | None:
 
 
 # --- main ----------------------------------------------------------------------------
+def _rounds(opts: Options) -> list[tuple[int, int]]:
+    """(round, client count) in the order they run: every client count, then again."""
+    return [(r, clients) for r in range(opts.repeat) for clients in opts.clients]
+
+
 def run_bench(opts: Options, console: Console) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="thaw-bench-invoke-") as tmp_name:
         tmp = Path(tmp_name)
         bundle_dir = setup.write_bundle(tmp / "bundle")
         baseline_ms = quantiles_ms(measure_in_process(setup.load_in_process(bundle_dir)))
         bundle = setup.push_bundle(bundle_dir, tmp / "store")
-        rows = []
+        runs = []
         for processes in opts.processes:
             console.print(f"starting thaw: {processes} server process(es), {opts.broker} broker")
             root = tmp / f"p{processes}"
             with setup.running(root, opts.broker, tmp / "store", processes) as stack:
                 stack.deploy(setup.function_spec(bundle, max(opts.clients)))
                 setup.warm_up(stack)
-                for clients in opts.clients:
-                    console.print(f"{clients} clients for {opts.duration_s:g} s")
+                for round_no, clients in _rounds(opts):
+                    console.print(
+                        f"{clients} clients for {opts.duration_s:g} s"
+                        + (f" (run {round_no + 1}/{opts.repeat})" if opts.repeat > 1 else "")
+                    )
                     meter = cpu_meter(stack)
                     run = run_clients(
                         stack, clients, opts.duration_s, console, opts.client, opts.rate
                     )
                     cpu = meter.spent_s() if meter is not None else None
-                    rows.append(make_row(clients, run, baseline_ms, processes, opts.rate, cpu))
+                    runs.append(make_row(clients, run, baseline_ms, processes, opts.rate, cpu))
+    rows = median_rows(runs)
     return {
         "bench": "invoke",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -404,9 +466,11 @@ def run_bench(opts: Options, console: Console) -> dict[str, Any]:
         "client": opts.client,
         "duration_s": opts.duration_s,
         "rate": opts.rate,
+        "repeat": opts.repeat,
         "clients": opts.clients,
         "processes": opts.processes,
         "rows": rows,
+        "runs": runs,
         "targets": targets(rows),
         "machine": machine_description(),
     }

@@ -20,7 +20,15 @@ import pytest
 from rich.console import Console
 
 from bench._invoke_setup import LeanClient
-from bench.invoke import ClientRun, make_row, parse_counts, run_clients, targets
+from bench.invoke import (
+    ClientRun,
+    make_row,
+    median_rows,
+    parse_args,
+    parse_counts,
+    run_clients,
+    targets,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 BASELINE_MS = {"p50": 0.001, "p95": 0.002, "p99": 0.003}
@@ -183,3 +191,26 @@ def test_unpaced_clients_send_each_call_when_the_last_returns(
     StallingThaw.stall_s = 0.0
     run = run_clients(stalling_thaw, 1, 0.5, Console(quiet=True))
     assert run.failed == 0 and len(run.latencies_s) > 20
+
+
+def test_repeated_runs_become_one_row_of_medians_per_client_count() -> None:
+    runs = [
+        make_row(16, ClientRun(latencies_s=[ms / 1e3] * 100, elapsed_s=1.0), BASELINE_MS, 2)
+        for ms in (4.0, 2.0, 9.0)
+    ]
+    runs.insert(1, make_row(1, ClientRun(latencies_s=[0.001] * 10, elapsed_s=1.0), BASELINE_MS, 2))
+    runs[0]["failed"], runs[0]["first_error"] = 1, "500 boom"
+    sixteen, one = median_rows(runs)  # in the order the pairs first ran
+    assert (one["clients"], one["runs"], one["calls"]) == (1, 1, 10)
+    assert (sixteen["clients"], sixteen["runs"]) == (16, 3)
+    assert sixteen["overhead_ms"]["p50"] == pytest.approx(4.0 - 0.001)  # not the mean, 5
+    assert sixteen["thaw_ms"]["p99"] == pytest.approx(4.0)
+    assert sixteen["calls"] == 300 and sixteen["calls_per_s"] == 100.0
+    assert sixteen["failed"] == 1 and sixteen["first_error"] == "500 boom"
+    assert targets([one, sixteen])[0]["value"] == pytest.approx(4.0 - 0.001)
+
+
+def test_repeat_must_be_a_positive_count() -> None:
+    assert parse_args(["--repeat", "3"]).repeat == 3
+    with pytest.raises(SystemExit, match="--repeat 0"):
+        parse_args(["--repeat", "0"])
