@@ -24,6 +24,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -44,6 +45,7 @@ from bench._common import (
     run_fresh_process,
     write_json,
 )
+from control_plane import heap
 
 PROCESSES = ("replica", "server")
 ARMS = ("as is", "frozen")
@@ -52,23 +54,15 @@ ARMS = ("as is", "frozen")
 # --- one trial (a fresh interpreter) ----------------------------------------------------
 
 
-def _private_dirty_kib() -> int:
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Private_Dirty:"):
-                return int(line.split()[1])
-    raise RuntimeError("no Private_Dirty in /proc/self/smaps_rollup")
-
-
 def _collect() -> dict[str, Any]:
     """One full collection, measured from inside the process that runs it."""
-    before_kib = _private_dirty_kib()
+    before_kib = heap.private_dirty_kib()
     t0 = time.perf_counter()
     gc.collect()
     pause_ms = (time.perf_counter() - t0) * 1000
     return {
         "pause_ms": pause_ms,
-        "copied_mib": (_private_dirty_kib() - before_kib) / 1024,
+        "copied_mib": (heap.private_dirty_kib() - before_kib) / 1024,
         "tracked": len(gc.get_objects()),
         "frozen": gc.get_freeze_count(),
     }
@@ -106,8 +100,6 @@ def _in_a_fork() -> dict[str, Any]:
 
 
 def trial(spec: dict[str, Any]) -> dict[str, Any]:
-    from control_plane import heap
-
     with tempfile.TemporaryDirectory(prefix="thaw-heap-bench-") as home:
         _build(spec["process"], home)
         if spec["arm"] == "frozen":
@@ -130,21 +122,15 @@ def run(trials: int, console: Console) -> list[dict[str, Any]]:
     return [_row(process, arm, seen[(process, arm)]) for process, arm in pairs]
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def _row(process: str, arm: str, results: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "process": process,
         "arm": arm,
         "trials": len(results),
-        "pause_ms": _median([r["pause_ms"] for r in results]),
-        "copied_mib": _median([r["copied_mib"] for r in results]),
-        "tracked": int(_median([r["tracked"] for r in results])),
-        "frozen": int(_median([r["frozen"] for r in results])),
+        "pause_ms": statistics.median([r["pause_ms"] for r in results]),
+        "copied_mib": statistics.median([r["copied_mib"] for r in results]),
+        "tracked": int(statistics.median([r["tracked"] for r in results])),
+        "frozen": int(statistics.median([r["frozen"] for r in results])),
     }
 
 

@@ -103,14 +103,8 @@ class Heap:
     def __call__(self, input: Any) -> Any:
         import gc
 
-        before_kib = _private_dirty_kib()
+        from control_plane.heap import private_dirty_kib
+
+        before_kib = private_dirty_kib()
         gc.collect()
-        return {"frozen": gc.get_freeze_count(), "gained_kib": _private_dirty_kib() - before_kib}
-
-
-def _private_dirty_kib() -> int:
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Private_Dirty:"):
-                return int(line.split()[1])
-    raise RuntimeError("no Private_Dirty in /proc/self/smaps_rollup")
+        return {"frozen": gc.get_freeze_count(), "gained_kib": private_dirty_kib() - before_kib}
