@@ -1,9 +1,9 @@
 """Keeping a process's start-up objects out of Python's cyclic garbage collector.
 
 A thaw process imports a great deal before its first call: FastAPI and
-SQLAlchemy in the server (about 130,000 objects), torch and transformers in
-the worker's zygote (about 380,000). Every full collection visits all of them
-while holding the GIL: about 60 ms in a server process and 200 ms in a
+SQLAlchemy in the server (about 145,000 objects), torch and transformers in
+the worker's zygote (about 405,000). Every full collection visits all of them
+while holding the GIL: about 55 ms in a server process and 225 ms in a
 replica, and whatever call is in flight there waits it out. In a replica
 forked from the zygote it costs memory as well: that collection writes to each
 inherited object's header, so the kernel copies the zygote's pages into the
