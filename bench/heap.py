@@ -69,18 +69,17 @@ def _collect() -> dict[str, Any]:
 
 
 def _build(process: str, home: str) -> None:
+    from control_plane.settings import Settings
+
     if process == "replica":
-        from control_plane.settings import Settings
         from worker.replica_child import import_libraries
 
         preload = Settings.model_fields["worker_pool_preload"].default
         import_libraries(tuple(m for m in preload.split(",") if m))
         return
     from control_plane.api.app import create_app
-    from control_plane.settings import Settings
 
-    settings = Settings(home=Path(home))
-    create_app(settings, run_loop=False)
+    create_app(Settings(home=Path(home)), run_loop=False)
 
 
 def _in_a_fork() -> dict[str, Any]:
@@ -123,15 +122,9 @@ def run(trials: int, console: Console) -> list[dict[str, Any]]:
 
 
 def _row(process: str, arm: str, results: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "process": process,
-        "arm": arm,
-        "trials": len(results),
-        "pause_ms": statistics.median([r["pause_ms"] for r in results]),
-        "copied_mib": statistics.median([r["copied_mib"] for r in results]),
-        "tracked": int(statistics.median([r["tracked"] for r in results])),
-        "frozen": int(statistics.median([r["frozen"] for r in results])),
-    }
+    medians = {k: statistics.median(r[k] for r in results) for k in results[0]}
+    counts = {k: int(medians[k]) for k in ("tracked", "frozen")}
+    return {"process": process, "arm": arm, "trials": len(results), **medians, **counts}
 
 
 def table(rows: list[dict[str, Any]]) -> TableSpec:

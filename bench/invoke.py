@@ -292,10 +292,6 @@ def median_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _median_row(group: list[dict[str, Any]]) -> dict[str, Any]:
-    first = group[0]
-    if len(group) == 1:
-        return {**first, "runs": 1}
-
     def by_key(name: str) -> dict[str, float] | None:
         present = [r[name] for r in group if r[name]]
         if not present:
@@ -303,7 +299,7 @@ def _median_row(group: list[dict[str, Any]]) -> dict[str, Any]:
         return {k: statistics.median(d[k] for d in present) for k in present[0]}
 
     return {
-        **first,
+        **group[0],
         "runs": len(group),
         **{k: sum(r[k] for r in group) for k in ("calls", "failed", "cold", "elapsed_s")},
         "first_error": next((r["first_error"] for r in group if r["first_error"]), None),
