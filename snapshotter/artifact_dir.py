@@ -9,8 +9,11 @@
   directory, or anything that is not a regular file (fifo, socket, device);
 * for models and adapters, a directory with no ``*.safetensors`` file;
 * any safetensors file whose header fails ``safetensors_header`` validation;
-* a ``*.safetensors.index.json`` whose weight map names a missing shard or a
-  tensor the shard does not hold.
+* for models and adapters, a ``*.json`` file that ``json_doc.parse_json``
+  refuses (too deep, not UTF-8, not JSON, a key twice, an absurd number), or a
+  config (``CONFIG_FILES``) that is not a JSON object;
+* a ``*.safetensors.index.json`` that is not such an object with a weight map,
+  or whose weight map names a missing shard or a tensor the shard does not hold.
 
 ``__pycache__`` folders are skipped. Files are listed by their relative POSIX
 path, sorted, and their mode is normalised to 0o755 (owner-executable) or
@@ -19,13 +22,13 @@ path, sorted, and their mode is normalised to 0o755 (owner-executable) or
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from snapshotter.errors import BadArtifactError
+from snapshotter.json_doc import parse_json, parse_json_object
 from snapshotter.manifest import ArtifactKind, SafetensorsInfo
 from snapshotter.safetensors_header import read_safetensors_header
 
@@ -33,6 +36,16 @@ PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle"})
 SKIPPED_DIRS = frozenset({"__pycache__"})
 ADAPTER_MARKER = "adapter_config.json"
 INDEX_SUFFIX = ".safetensors.index.json"
+CONFIG_FILES = frozenset(
+    {
+        "config.json",
+        "adapter_config.json",
+        "generation_config.json",
+        "tokenizer_config.json",
+        "tokenizer.json",
+        "special_tokens_map.json",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -93,6 +106,8 @@ def _inspect(root: Path, kind: ArtifactKind | None) -> ArtifactDir:
             "save the weights with save_pretrained(safe_serialization=True)"
         )
     files = tuple(_source_file(rel, source) for rel, source in listed)
+    if kind in (ArtifactKind.MODEL, ArtifactKind.ADAPTER):
+        _check_json_files(files)
     _check_indexes(root, files)
     return ArtifactDir(root=root, kind=kind, files=files)
 
@@ -157,18 +172,33 @@ def _source_file(rel: str, source: Path) -> SourceFile:
     return SourceFile(source, rel, st.st_size, mode, header)
 
 
+def _check_json_files(files: tuple[SourceFile, ...]) -> None:
+    """Every ``*.json`` of a model or adapter parses (``json_doc``), and the files
+    transformers and PEFT read as configs hold objects: refused here, at push, with
+    one line naming the file, not when a replica starts."""
+    for f in files:
+        if not f.rel_path.endswith(".json") or f.rel_path.endswith(INDEX_SUFFIX):
+            continue  # an index is read whole by ``_check_indexes``
+        data = f.source.read_bytes()
+        if Path(f.rel_path).name in CONFIG_FILES:
+            parse_json_object(data, f.rel_path)
+        else:
+            parse_json(data, f.rel_path)
+
+
 def _check_indexes(root: Path, files: tuple[SourceFile, ...]) -> None:
     """Every shard a ``*.safetensors.index.json`` names is present and holds its tensors."""
     by_path = {f.rel_path: f for f in files}
     for index in (f for f in files if f.rel_path.endswith(INDEX_SUFFIX)):
-        try:
-            weight_map = json.loads(index.source.read_bytes())["weight_map"]
-            pairs = [(str(k), str(v)) for k, v in weight_map.items()]
-        except (ValueError, KeyError, TypeError, AttributeError):
+        weight_map = parse_json_object(index.source.read_bytes(), index.rel_path).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) for v in weight_map.values()
+        ):
             raise BadArtifactError(
                 f"{index.rel_path} is not a valid index: expected a JSON object with a "
                 "'weight_map' of tensor name to shard file"
-            ) from None
+            )
+        pairs = list(weight_map.items())
         folder = Path(index.rel_path).parent
         names: dict[str, set[str]] = {}
         for tensor, shard in pairs:

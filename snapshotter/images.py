@@ -41,6 +41,7 @@ from snapshotter.errors import (
     InvalidReferenceError,
     NotFoundError,
 )
+from snapshotter.json_doc import parse_json, parse_json_object
 from snapshotter.layers import (
     ChunkSink,
     LayerProgress,
@@ -98,7 +99,7 @@ class Image:
     @classmethod
     def from_json(cls, data: bytes) -> Image:
         try:
-            doc = json.loads(data)
+            doc = parse_json_object(data, "image", error=IntegrityError)
             if doc.get("schema") != IMAGE_SCHEMA:
                 raise IntegrityError(f"unsupported image schema {doc.get('schema')!r}")
             layers = tuple(str(d) for d in doc["layers"])
@@ -332,10 +333,7 @@ def _docker_manifest(small: dict[str, bytes | str]) -> dict[str, Any]:
     data = small.get("manifest.json")
     if not isinstance(data, bytes):
         raise BadArtifactError("not a `docker save` archive: it has no manifest.json")
-    try:
-        doc = json.loads(data)
-    except ValueError as exc:
-        raise BadArtifactError(f"manifest.json of the archive is not JSON: {exc}") from None
+    doc = parse_json(data, "manifest.json of the archive")
     if not isinstance(doc, list) or not doc or not isinstance(doc[0], dict):
         raise BadArtifactError("manifest.json of the archive lists no image")
     return doc[0]
@@ -345,10 +343,7 @@ def _image_config(small: dict[str, bytes | str], path: str) -> ImageConfig:
     data = small.get(posixpath.normpath(path)) if path else None
     if not isinstance(data, bytes):
         return ImageConfig()
-    try:
-        c = json.loads(data).get("config") or {}
-    except (ValueError, AttributeError):
-        raise BadArtifactError(f"image config {path} is not a JSON object") from None
+    c = parse_json_object(data, f"image config {path}").get("config") or {}
     return ImageConfig(
         env=tuple(c.get("Env") or ()),
         entrypoint=tuple(c.get("Entrypoint") or ()),

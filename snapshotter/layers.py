@@ -48,6 +48,7 @@ from snapshotter import codec
 from snapshotter.chunking import plan_chunks
 from snapshotter.digest import Hasher, digest_bytes, hex_part, is_digest
 from snapshotter.errors import BadArtifactError, IntegrityError, NotFoundError
+from snapshotter.json_doc import parse_json_object
 from snapshotter.leases import LeaseKeeper
 from snapshotter.manifest import DEFAULT_CHUNK_SIZE_BYTES, ChunkRef
 from snapshotter.registry import Registry
@@ -102,7 +103,7 @@ class LayerToc:
     @classmethod
     def from_json(cls, data: bytes) -> LayerToc:
         try:
-            doc = json.loads(data)
+            doc = parse_json_object(data, "layer table of contents", error=IntegrityError)
             if doc.get("schema") != LAYER_SCHEMA:
                 raise IntegrityError(
                     f"unsupported layer schema {doc.get('schema')!r}; expected {LAYER_SCHEMA}"

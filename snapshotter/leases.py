@@ -33,6 +33,7 @@ from types import TracebackType
 
 from snapshotter.digest import is_digest
 from snapshotter.errors import IntegrityError, NotFoundError, StoreError
+from snapshotter.json_doc import parse_json_object
 from snapshotter.stores.base import Store
 
 LEASE_SCHEMA = "thaw.lease/v1"
@@ -70,7 +71,7 @@ class Lease:
     @classmethod
     def from_json(cls, data: bytes) -> Lease:
         try:
-            doc = json.loads(data)
+            doc = parse_json_object(data, "lease", error=IntegrityError)
             if doc.get("schema") != LEASE_SCHEMA:
                 raise IntegrityError(f"unsupported lease schema {doc.get('schema')!r}")
             lease = cls(

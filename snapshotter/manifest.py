@@ -45,6 +45,7 @@ from typing import Any
 
 from snapshotter.digest import digest_bytes, is_digest
 from snapshotter.errors import IntegrityError
+from snapshotter.json_doc import parse_json_object
 
 SCHEMA = "thaw.manifest/v1"
 DEFAULT_CHUNK_SIZE_BYTES = 8 << 20
@@ -150,7 +151,7 @@ class Manifest:
     @classmethod
     def from_json(cls, data: bytes) -> Manifest:
         try:
-            doc = json.loads(data)
+            doc = parse_json_object(data, "manifest", error=IntegrityError)
             return _decode(doc)
         except IntegrityError:
             raise

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from snapshotter.digest import digest_bytes, hex_part, is_digest
 from snapshotter.errors import IntegrityError, InvalidReferenceError, NotFoundError
+from snapshotter.json_doc import parse_json_object
 from snapshotter.manifest import Manifest
 from snapshotter.stores.base import Store
 
@@ -145,8 +146,9 @@ class Registry:
 
     def get_profile(self, digest: str) -> list[str] | None:
         try:
-            doc = json.loads(self.store.get(f"profiles/{hex_part(digest)}"))
+            data = self.store.get(f"profiles/{hex_part(digest)}")
         except NotFoundError:
             return None
+        doc = parse_json_object(data, f"prefetch profile of {digest}", error=IntegrityError)
         order = doc.get("order")
         return [str(x) for x in order] if isinstance(order, list) else None

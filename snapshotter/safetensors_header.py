@@ -18,7 +18,8 @@ there is one, the tensor:
 * a header larger than ``MAX_HEADER_BYTES`` (checked before reading it);
 * more than ``MAX_TENSORS`` entries (counted while the JSON is decoded, so the
   refusal happens before any per-tensor record is built);
-* JSON that is invalid, not an object, or holds a duplicate name;
+* JSON that is invalid, not an object, nested more than ``MAX_HEADER_DEPTH`` deep,
+  or holds a duplicate name (``json_doc.parse_json``);
 * an unknown dtype or a shape that is not a list of non-negative integers;
 * a shape whose element count times the dtype size is not its byte range;
 * offsets that overlap, leave a gap, or run past the end of the file — the
@@ -31,13 +32,13 @@ empty tensors sharing an offset are ordered by name.
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 from pathlib import Path
 from typing import Any
 
 from snapshotter.errors import BadArtifactError
+from snapshotter.json_doc import parse_json_object
 from snapshotter.manifest import SafetensorsInfo, TensorInfo
 
 LENGTH_PREFIX_BYTES = 8
@@ -115,37 +116,19 @@ def parse_header(header: bytes, file_size: int, name: str) -> SafetensorsInfo:
     return SafetensorsInfo(data_offset=data_offset, tensors=tuple(tensors), metadata=metadata)
 
 
-class _TooManyEntries(Exception):
-    pass
+# A valid header nests three deep: the table, a tensor's entry, its shape or offsets.
+MAX_HEADER_DEPTH = 3
 
 
 def _decode_json(header: bytes, name: str) -> dict[str, Any]:
-    objects_seen = 0
-
-    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        # Every tensor entry is one JSON object; counting them as they are
-        # decoded stops a hostile header before a huge table is built.
-        nonlocal objects_seen
-        objects_seen += 1
-        if objects_seen > MAX_TENSORS + 2:  # + __metadata__ + the top-level object
-            raise _TooManyEntries
-        out: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in out:
-                raise BadArtifactError(f"{name}: safetensors header names {key!r} twice")
-            out[key] = value
-        return out
-
-    try:
-        doc = json.loads(header.decode("utf-8"), object_pairs_hook=hook)
-    except _TooManyEntries:
-        raise BadArtifactError(
-            f"{name}: safetensors header has more than {MAX_TENSORS} entries; refused"
-        ) from None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise BadArtifactError(f"{name}: safetensors header is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise BadArtifactError(f"{name}: safetensors header is not a JSON object")
+    # Tensor entries are objects, counted as they are decoded: a hostile header is
+    # stopped before a huge table is built (+ __metadata__ + the top-level object).
+    doc = parse_json_object(
+        header,
+        f"{name}: safetensors header",
+        max_depth=MAX_HEADER_DEPTH,
+        max_objects=MAX_TENSORS + 2,
+    )
     if len(doc) - (METADATA_KEY in doc) > MAX_TENSORS:
         raise BadArtifactError(
             f"{name}: safetensors header has more than {MAX_TENSORS} entries; refused"

@@ -12,7 +12,6 @@ Everything comes from the snapshotter by manifest digest:
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -23,6 +22,7 @@ from typing import Any
 from snapshotter.config import CacheConfig, LoaderConfig, RamTierConfig, S3Config, StoreConfig
 from snapshotter.digest import digest_bytes, hex_part
 from snapshotter.errors import IntegrityError
+from snapshotter.json_doc import parse_json_object
 from snapshotter.manifest import FileEntry, Manifest
 from snapshotter.pull import fetch_chunk
 from snapshotter.registry import Registry
@@ -135,10 +135,7 @@ def read_json_file(registry: Registry, manifest: Manifest, path: str) -> dict[st
         entry = manifest.file(path)
     except KeyError:
         return {}
-    doc = json.loads(read_file(registry, entry))
-    if not isinstance(doc, dict):
-        raise IntegrityError(f"{path} holds a {type(doc).__name__}, expected a JSON object")
-    return doc
+    return parse_json_object(read_file(registry, entry), path, error=IntegrityError)
 
 
 class WeightLoader:
