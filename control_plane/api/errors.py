@@ -18,6 +18,7 @@ from control_plane.errors import (
     PayloadTooLargeError,
     RateLimitedError,
     UnauthorizedError,
+    UnsupportedMediaTypeError,
 )
 from control_plane.protocol import ProtocolVersionError
 from control_plane.services.ratelimit import retry_after_header
@@ -31,6 +32,7 @@ STATUS_BY_ERROR: list[tuple[type[Exception], int]] = [
     (NotFoundError, 404),
     (ConflictError, 409),
     (PayloadTooLargeError, 413),
+    (UnsupportedMediaTypeError, 415),
     (RateLimitedError, 429),
     (NoCapacityError, 503),
     (DeadlineExceededError, 504),

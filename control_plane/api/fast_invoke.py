@@ -12,7 +12,8 @@ ASGI layer, outermost, serves exactly those requests:
 - a bearer token this process verified within ``THAW_AUTH_CACHE_TTL_S``
   (``keys.PrincipalCache``), for a function whose rate limit it has loaded;
 - a declared ``Content-Length`` within ``THAW_MAX_BODY_BYTES`` and
-  ``application/json``; a body and headers that validate.
+  ``application/json``; a body nested within ``THAW_MAX_BODY_DEPTH``
+  (``invoke_body``), and a body and headers that validate.
 
 Anything else goes on to the app unchanged, with the body replayed when it was
 read, so ``routes.invoke`` stays the one reference for status codes and error
@@ -36,6 +37,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from control_plane.api import errors
+from control_plane.api.invoke_body import deeper_than
 from control_plane.api.rate_limits import charge_if_known
 from control_plane.api.routes.invoke import (
     MAX_DEADLINE_MS,
@@ -81,7 +83,7 @@ class FastInvoke:
         body = await _read_body(receive)
         if body is None:
             return  # the client went away before its body arrived
-        req = _request(body, headers)
+        req = _request(body, headers, state.services.settings.max_body_depth)
         if req is None:  # not valid: the app says what is wrong
             await self.app(scope, _replay(body, receive), send)
             return
@@ -151,8 +153,10 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replayed
 
 
-def _request(body: bytes, headers: dict[bytes, bytes]) -> CallRequest | None:
+def _request(body: bytes, headers: dict[bytes, bytes], max_depth: int) -> CallRequest | None:
     """The call the request asks for; None when the body or a header is not valid."""
+    if deeper_than(body, max_depth):
+        return None
     try:
         parsed = InvokeBody.model_validate(json.loads(body))
         idempotency_key = _text(headers.get(b"idempotency-key"), 0, MAX_IDEMPOTENCY_KEY)

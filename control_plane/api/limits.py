@@ -1,7 +1,10 @@
 """Refusing request bodies over ``max_body_bytes`` (413) before they are read whole.
 
 Pure ASGI: checks ``Content-Length`` up front and counts chunked bodies as
-they arrive, so a client cannot stream past the limit either.
+they arrive, so a client cannot stream past the limit either. A chunked body
+found too large while the app reads it is an ``HTTPException`` (413, naming
+the setting): FastAPI answers any other error raised by a body read with its
+own "There was an error parsing the body" (400).
 """
 
 from __future__ import annotations
@@ -10,11 +13,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(HTTPException):
+    def __init__(self, limit: int, setting: str) -> None:
+        super().__init__(413, _too_large(limit, setting))
 
 
 class BodySizeLimit:
@@ -51,7 +56,7 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise _TooLarge
+                    raise _TooLarge(limit, setting)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -67,10 +72,7 @@ class BodySizeLimit:
                 await self._refuse(send, limit, setting)
 
     async def _refuse(self, send: Send, limit: int, setting: str) -> None:
-        detail: dict[str, Any] = {
-            "detail": f"request body exceeds {limit} bytes "
-            f"({setting}); send large inputs by reference, e.g. a URL"
-        }
+        detail: dict[str, Any] = {"detail": _too_large(limit, setting)}
         body = json.dumps(detail).encode()
         await send(
             {
@@ -83,3 +85,10 @@ class BodySizeLimit:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def _too_large(limit: int, setting: str) -> str:
+    return (
+        f"request body exceeds {limit} bytes ({setting}); "
+        "send large inputs by reference, e.g. a URL"
+    )

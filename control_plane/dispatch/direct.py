@@ -6,6 +6,8 @@ back to the pool only after its call's final event.
 
 Failures, by what the caller may conclude:
 
+- ``UnsendableError`` (``dispatch.base``): the call cannot be encoded; it was
+  not sent and never can be. The caller ends it failed.
 - ``DirectUnavailableError``: the call was certainly not sent (no connection
   could be made); the caller may put it back in the queue.
 - ``DirectLostError``: the call was sent, but the connection broke or its
@@ -22,6 +24,7 @@ import socket
 import threading
 from collections.abc import Iterator
 
+from control_plane.dispatch.base import encode
 from control_plane.protocol import FINAL_CALL_EVENTS, CallEvent, RunCall
 from worker.frames import FrameError, FrameSocket
 
@@ -78,7 +81,7 @@ class DirectChannel:
                 conn.close()
 
     def _send(self, addr: str, token: str, msg: RunCall) -> FrameSocket:
-        frame = {"run": msg.model_dump(mode="json")}
+        frame = {"run": encode(msg)}
         pooled = self._take(addr, token)
         if pooled is not None:
             try:

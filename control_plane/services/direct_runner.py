@@ -10,6 +10,7 @@ Two kinds of call take this path (``control_plane.dispatch.direct``):
 
 A call whose worker has no direct port, or whose port cannot be reached, goes
 through the worker's queue (and back to the call queue if that fails too). A
+call whose message cannot be encoded ends failed (``end_unsendable``). A
 call that was sent but whose end did not come back on the connection is left
 to the worker's HTTP report or to lost-worker handling (the caller waits on
 the database).
@@ -21,6 +22,8 @@ import logging
 import threading
 from collections.abc import Callable
 
+from control_plane.db.models import Call
+from control_plane.dispatch.base import UnsendableError
 from control_plane.dispatch.direct import DirectLostError, DirectUnavailableError
 from control_plane.errors import ConflictError
 from control_plane.protocol import FINAL_CALL_EVENTS, CallEvent, RunCall
@@ -96,6 +99,8 @@ class DirectRunner:
                     counter.labels(claim.function, "ran").inc()
                 if ev.kind != "started" or record_started:
                     final = self._record(claim, ev) or final
+        except UnsendableError as exc:
+            return self.end_unsendable(claim.function, claim.message, exc, claim.row)
         except DirectUnavailableError as exc:
             log.warning(
                 "direct port unavailable, sending call %s through the queue: %s", claim.call_id, exc
@@ -108,6 +113,17 @@ class DirectRunner:
             if not ended:
                 counter.labels(claim.function, "lost").inc()
         return final
+
+    def end_unsendable(
+        self, function: str, msg: RunCall, exc: UnsendableError, row: Call | None = None
+    ) -> CallView | None:
+        """End a dispatched call whose message cannot be encoded: failed, not retried
+        (it would fail alike), its slot freed; the first end stands if it ended
+        meanwhile. The call as it ended, or None. ``row``: as in ``Claim``."""
+        log.warning("call %s cannot be sent: %s", msg.call_id, exc)
+        error = f"the call's message could not be encoded, so it never ran: {exc}"
+        ev = CallEvent(attempt=msg.attempt, kind="failed", error=error)
+        return self._record_event(function, msg.call_id, ev, row)
 
     def trace_final(self, call_id: str, view: CallView | None = None) -> None:
         """Emit the spans of a call that ended, when tracing is on (``view``: the call
@@ -123,23 +139,27 @@ class DirectRunner:
         return self.s.direct is not None and bool(claim.data_addr and claim.data_token)
 
     def _record(self, claim: Claim, ev: CallEvent) -> CallView | None:
+        return self._record_event(claim.function, claim.call_id, ev, claim.row)
+
+    def _record_event(
+        self, function: str, call_id: str, ev: CallEvent, row: Call | None
+    ) -> CallView | None:
         """Record one event; the call as it ended when the event ended it."""
         final = ev.kind in FINAL_CALL_EVENTS
         with self.lock, self.s.db.session() as session:
-            session.add(claim.row)  # as dispatched, detached since: no read, no copy
+            if row is not None:
+                session.add(row)  # as dispatched, detached since: no read, no copy
             try:
-                kick = calls.record_event(
-                    session, self.s.metrics, self.s.clock(), claim.call_id, ev
-                )
+                kick = calls.record_event(session, self.s.metrics, self.s.clock(), call_id, ev)
             except ConflictError:
                 return None  # ended meanwhile (cancelled, deadline): the first end stands
-            batching.observe(self.s.metrics, claim.function, ev)
-            view = calls.get(session, claim.call_id) if final else None
-        self.s.notifier.notify(claim.call_id)
+            batching.observe(self.s.metrics, function, ev)
+            view = calls.get(session, call_id) if final else None
+        self.s.notifier.notify(call_id)
         if kick:
-            self._kick(claim.function)
+            self._kick(function)
         if final:
-            self.trace_final(claim.call_id, view)
+            self.trace_final(call_id, view)
         return view
 
     def _requeue(self, claim: Claim) -> None:

@@ -23,14 +23,22 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from control_plane.api.deps import InvocationsDep, PrincipalDep
 from control_plane.api.disconnect import until_disconnect
+from control_plane.api.invoke_body import BodyCheckedRoute
 from control_plane.api.schemas import CallAccepted, CallPublic, InvokeBody
+from control_plane.api.scopes import ScopeFirstRoute, needs
 from control_plane.api.timing import headers_for
 from control_plane.services.activator import StreamItem, wait_dispatched
 from control_plane.services.calls import CallRequest, CallView
 from control_plane.services.invocations import Invocations
 from control_plane.services.keys import Principal
 
-router = APIRouter(prefix="/v1/functions", tags=["invoke"])
+
+class InvokeRoute(ScopeFirstRoute, BodyCheckedRoute):
+    """The key's scope is checked first, then the body (JSON, nesting:
+    ``api.invoke_body``), then FastAPI parses it."""
+
+
+router = APIRouter(prefix="/v1/functions", tags=["invoke"], route_class=InvokeRoute)
 
 STATUS_BY_FINAL = {
     "succeeded": 200,
@@ -73,6 +81,7 @@ def invoke_sync(
     "/{name}/invoke",
     response_model=None,
     responses={200: {"model": CallPublic}, 202: {"model": CallAccepted}},
+    openapi_extra=needs("invoke", function_param="name"),
 )
 def invoke(
     name: str,
