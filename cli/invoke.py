@@ -1,14 +1,21 @@
-"""``thaw invoke NAME --data JSON`` and ``thaw calls show ID``."""
+"""``thaw invoke NAME --data JSON`` and ``thaw calls ls|show|cancel``.
+
+A key sees the calls it made (an admin key: every call); another key's call
+answers 404, as a call that does not exist would."""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Annotated, Any
 
 import typer
+from rich.table import Column, Table
 
 from cli.control import check, client, fail, out, print_json
 from control_plane.settings import Settings
+
+CALL_ID_CHARS = 32  # uuid4 hex: shown whole, to be pasted
 
 calls_app = typer.Typer(no_args_is_help=True, help="Look up calls.")
 
@@ -18,6 +25,8 @@ def _parse(data: str) -> Any:
         return json.loads(data)
     except json.JSONDecodeError as exc:
         raise fail(f"--data is not JSON: {exc}") from None
+    except RecursionError:  # the decoder recurses per level: ~1000 deep is past it
+        raise fail("--data nests arrays and objects too deeply to parse") from None
 
 
 def invoke(
@@ -78,3 +87,32 @@ def show(call_id: str) -> None:
     """A call's status, output or error, cold or warm, and its timings."""
     with client(Settings()) as c:
         print_json(check(c.get(f"/v1/calls/{call_id}")))
+
+
+@calls_app.command("ls")
+def ls(
+    function: Annotated[str | None, typer.Option(help="only this function's calls")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="at most this many")] = 20,
+) -> None:
+    """Your latest calls, newest first (an admin key: every key's)."""
+    params: dict[str, str | int] = {"limit": limit}
+    if function:
+        params["function"] = function
+    with client(Settings()) as c:
+        listed = check(c.get("/v1/calls", params=params))
+    call_column = Column("call", no_wrap=True, min_width=CALL_ID_CHARS)
+    table = Table(call_column, "function", "version", "status", "cold", "accepted")
+    for call in listed:
+        accepted = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(call["accepted_at"]))
+        cold = "cold" if call["cold"] else ""
+        table.add_row(
+            call["call_id"], call["function"], str(call["version"]), call["status"], cold, accepted
+        )
+    out.print(table)
+
+
+@calls_app.command("cancel")
+def cancel(call_id: str) -> None:
+    """Cancel a call unless it already ended; prints its (now) final state."""
+    with client(Settings()) as c:
+        print_json(check(c.delete(f"/v1/calls/{call_id}")))

@@ -33,12 +33,27 @@ InvocationsDep = Annotated[Invocations, Depends(get_invocations)]
 
 
 async def get_principal(
-    services: ServicesDep,
+    request: Request,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
-    """The key in ``Authorization: Bearer``; 401 when missing, malformed or revoked.
-    A key verified a moment ago is not read again (``keys.PrincipalCache``)."""
-    token = creds.credentials if creds is not None else None
+    """The key in ``Authorization: Bearer``; 401 when missing, malformed or revoked."""
+    known: Principal | None = getattr(request.state, "principal", None)
+    if known is not None:  # verified earlier in this request (``api.scopes``)
+        return known
+    services: Services = request.app.state.services
+    who = await verify_token(services, creds.credentials if creds is not None else None)
+    request.state.principal = who
+    return who
+
+
+async def principal_of(request: Request) -> Principal:
+    """``get_principal`` outside FastAPI's dependency solving (before the body is read)."""
+    return await get_principal(request, await bearer(request))
+
+
+async def verify_token(services: Services, token: str | None) -> Principal:
+    """The principal ``token`` names. A key verified a moment ago is not read again
+    (``keys.PrincipalCache``)."""
     cache = services.principals
     who = cache.get(token) if cache is not None else None
     if who is None:

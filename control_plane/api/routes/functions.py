@@ -6,13 +6,14 @@ from fastapi import APIRouter, Query
 
 from control_plane.api.deps import InvocationsDep, PrincipalDep, ServicesDep
 from control_plane.api.schemas import FunctionPublic, RollbackBody
+from control_plane.api.scopes import ScopeFirstRoute, needs
 from control_plane.services import functions, secrets
 from control_plane.spec import FunctionSpec
 
-router = APIRouter(prefix="/v1/functions", tags=["functions"])
+router = APIRouter(prefix="/v1/functions", tags=["functions"], route_class=ScopeFirstRoute)
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, openapi_extra=needs("deploy"))
 def deploy(
     spec: FunctionSpec,
     who: PrincipalDep,
@@ -60,7 +61,7 @@ def delete_function(
         services.notifier.notify(call_id)
 
 
-@router.post("/{name}/rollback")
+@router.post("/{name}/rollback", openapi_extra=needs("deploy", function_param="name"))
 def rollback(
     name: str, body: RollbackBody, who: PrincipalDep, services: ServicesDep, inv: InvocationsDep
 ) -> FunctionPublic:

@@ -6,13 +6,14 @@ from fastapi import APIRouter
 
 from control_plane.api.deps import PrincipalDep, ServicesDep
 from control_plane.api.schemas import KeyCreate, KeyCreated, KeyPublic
+from control_plane.api.scopes import ScopeFirstRoute, needs
 from control_plane.services import keys
 from control_plane.services.ratelimit import key_limit
 
-router = APIRouter(prefix="/v1/keys", tags=["keys"])
+router = APIRouter(prefix="/v1/keys", tags=["keys"], route_class=ScopeFirstRoute)
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, openapi_extra=needs("admin"))
 def create_key(body: KeyCreate, who: PrincipalDep, services: ServicesDep) -> KeyCreated:
     who.require("admin")
     with services.db.session() as s:

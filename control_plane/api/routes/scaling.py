@@ -12,13 +12,14 @@ from fastapi import APIRouter
 from control_plane.api.deps import InvocationsDep, PrincipalDep, ServicesDep
 from control_plane.api.schemas import FunctionPublic
 from control_plane.api.schemas_console import WarmPublic, WarmRequest
+from control_plane.api.scopes import ScopeFirstRoute, needs
 from control_plane.services import scaling
 from control_plane.spec import Scaling
 
-router = APIRouter(prefix="/v1/functions", tags=["scaling"])
+router = APIRouter(prefix="/v1/functions", tags=["scaling"], route_class=ScopeFirstRoute)
 
 
-@router.patch("/{name}/scaling")
+@router.patch("/{name}/scaling", openapi_extra=needs("deploy", function_param="name"))
 def update_scaling(
     name: str, body: Scaling, who: PrincipalDep, services: ServicesDep, inv: InvocationsDep
 ) -> FunctionPublic:
@@ -29,7 +30,7 @@ def update_scaling(
     return FunctionPublic.of(info)
 
 
-@router.post("/{name}/warm", status_code=202)
+@router.post("/{name}/warm", status_code=202, openapi_extra=needs("deploy", function_param="name"))
 def warm(
     name: str, who: PrincipalDep, services: ServicesDep, body: WarmRequest | None = None
 ) -> WarmPublic:

@@ -6,11 +6,12 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from control_plane.api.deps import PrincipalDep, ServicesDep
+from control_plane.api.scopes import ScopeFirstRoute, needs
 from control_plane.dispatch.secrets import SecretsDispatcher
 from control_plane.services import secrets
 from control_plane.services.secrets import MAX_VALUE_BYTES, SecretBox, SecretInfo
 
-router = APIRouter(prefix="/v1/secrets", tags=["secrets"])
+router = APIRouter(prefix="/v1/secrets", tags=["secrets"], route_class=ScopeFirstRoute)
 
 
 class SecretSet(BaseModel):
@@ -39,7 +40,7 @@ def _box(request: Request) -> SecretBox:
     return dispatcher.box
 
 
-@router.put("/{name}")
+@router.put("/{name}", openapi_extra=needs("deploy"))
 def set_secret(
     name: str, body: SecretSet, who: PrincipalDep, services: ServicesDep, request: Request
 ) -> SecretPublic:

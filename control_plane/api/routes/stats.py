@@ -2,7 +2,8 @@
 
 GET /v1/stats/functions             every function's FunctionStatsPublic
 GET /v1/functions/{name}/stats      one function's
-GET /v1/functions/{name}/calls      its latest calls, newest first (?limit=)
+GET /v1/functions/{name}/calls      its latest calls, newest first (?limit=); a key
+                                    other than an admin's sees only its own
 GET /v1/workers                     workers: devices, memory, pool, cache, replicas
 GET /v1/catalog                     models and adapters: sizes, sharing, users
 """
@@ -20,7 +21,7 @@ from control_plane.api.schemas_console import (
     FunctionStatsPublic,
     WorkerPublic,
 )
-from control_plane.services import catalog_usage, fleet, stats
+from control_plane.services import call_access, catalog_usage, fleet, stats
 
 router = APIRouter(tags=["stats"])
 
@@ -48,8 +49,9 @@ def recent_calls(
     limit: Annotated[int, Query(ge=1, le=stats.MAX_RECENT_CALLS)] = 100,
 ) -> list[CallPublic]:
     who.require("deploy", name)
+    owner = call_access.owner_seen_by(who)  # a key other than an admin's: its own calls
     with services.db.session() as s:
-        return [CallPublic.of(v) for v in stats.recent_calls(s, name, limit)]
+        return [CallPublic.of(v) for v in stats.recent_calls(s, name, limit, owner)]
 
 
 @router.get("/v1/workers")
