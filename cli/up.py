@@ -6,9 +6,16 @@ admin key and a worker key (kept in ``<home>/admin.key`` and
 model and its two LoRA adapters locally (``examples/build_model.py``, once)
 and push them to the store; start the control plane and one worker as child
 processes (logs in ``<home>/logs``); deploy ``examples/textgen``; print the
-admin key and ready-to-paste curl lines. Ctrl-C (or SIGTERM) stops the
-worker, which stops its replicas, then the control plane; a child that does
-not exit within the grace period is killed.
+admin key and ready-to-paste curl lines.
+
+A worker that dies (killed, crashed) is started again after a pause that
+doubles from 1 s up to 30 s while it keeps dying, and said on the console;
+it registers under the same id, and the control plane re-runs what its
+replicas held. Ctrl-C (or SIGTERM) drains the worker first: it takes no new
+calls, lets running ones finish for up to ``THAW_DRAIN_GRACE_S``, then stops
+its replicas; calls that never started stay queued for the next start. Then
+the control plane stops. A child that does not exit within its grace period
+is killed.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Annotated, Any
 
@@ -41,6 +49,10 @@ EXAMPLE_ARTIFACTS = {
 STOP_GRACE_S = 15.0
 UP_HEARTBEAT_INTERVAL_S = 1.0
 START_TIMEOUT_S = 180.0
+RESTART_FIRST_DELAY_S = 1.0
+RESTART_MAX_DELAY_S = 30.0
+# A child that ran this long before it died starts its backoff again from the first delay.
+RESTART_RESET_AFTER_S = 60.0
 
 
 def up(
@@ -67,7 +79,15 @@ def up(
     with Children(home / "logs") as children, signals_set(stop):
         children.start("server", ["server", "--host", host, "--port", str(port)], env)
         wait_until(lambda: healthy(url), "the control plane", children, stop)
-        children.start("worker", ["worker"], {**env, "THAW_API_KEY": worker_key})
+        children.start(
+            "worker",
+            ["worker"],
+            {**env, "THAW_API_KEY": worker_key},
+            restart=True,
+            stop_grace_s=settings.drain_grace_s + STOP_GRACE_S,
+            stopping=f"draining the worker: running calls may finish for up to "
+            f"{settings.drain_grace_s:g} s (THAW_DRAIN_GRACE_S)…",
+        )
         devices = wait_until(lambda: worker_devices(url, admin_key), "the worker", children, stop)
         deploy_example(env, admin_key)
         banner(url, admin_key, devices, home)
@@ -155,16 +175,43 @@ def deploy_example(env: dict[str, str], admin_key: str) -> None:
 
 
 # --- children ----------------------------------------------------------------
+def restart_delay_s(previous_s: float | None, ran_s: float) -> float:
+    """The pause before starting a dead child again: doubled each time it dies soon
+    after a start, from the first delay again once it had run a while."""
+    if previous_s is None or ran_s >= RESTART_RESET_AFTER_S:
+        return RESTART_FIRST_DELAY_S
+    return min(previous_s * 2, RESTART_MAX_DELAY_S)
+
+
+@dataclass
+class Child:
+    """One child process, and how it is started again and stopped."""
+
+    name: str
+    args: list[str]
+    env: dict[str, str]
+    restart: bool  # started again when it dies; else its death stops ``thaw up``
+    stop_grace_s: float  # from SIGTERM to SIGKILL
+    stopping: str  # said when it is asked to stop
+    proc: subprocess.Popen[bytes]
+    log: IO[bytes]
+    started_at: float
+    delay_s: float | None = None  # the last pause before a restart
+    restart_at: float | None = None  # when it is due to start again (it died)
+
+
 class Children:
     """Child processes of ``thaw``, each in its own session, logging to a file.
 
-    Stopped in reverse start order (the worker stops its replicas before
-    the control plane goes away): SIGTERM, then SIGKILL after the grace.
+    Stopped in reverse start order (the worker drains and stops its replicas
+    before the control plane goes away): SIGTERM, then SIGKILL after the
+    child's grace.
     """
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, clock: Callable[[], float] = time.monotonic) -> None:
         self.log_dir = log_dir
-        self.procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
+        self.clock = clock
+        self.children: list[Child] = []
 
     def __enter__(self) -> Children:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -173,8 +220,36 @@ class Children:
     def __exit__(self, *exc: object) -> None:
         self.stop_all()
 
-    def start(self, name: str, args: list[str], env: dict[str, str]) -> None:
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (closed in stop_all)
+    def start(
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str],
+        *,
+        restart: bool = False,
+        stop_grace_s: float = STOP_GRACE_S,
+        stopping: str = "",
+    ) -> None:
+        proc, log = self._spawn(name, args, env)
+        self.children.append(
+            Child(
+                name,
+                args,
+                env,
+                restart,
+                stop_grace_s,
+                stopping or f"stopping {name}…",
+                proc,
+                log,
+                self.clock(),
+            )
+        )
+
+    def _spawn(
+        self, name: str, args: list[str], env: dict[str, str]
+    ) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
+        log_name = self.log_dir / f"{name}.log"
+        log = open(log_name, "ab")  # noqa: SIM115 (closed in stop_all)
         proc = subprocess.Popen(
             [sys.executable, "-m", "cli.main", *args],
             env={**os.environ, **env},
@@ -183,41 +258,61 @@ class Children:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C reaches thaw up only; it stops them in order
         )
-        self.procs.append((name, proc, log))
-        log_name = self.log_dir / f"{name}.log"
         out.print(f"started {name} (pid {proc.pid}, log {log_name})", soft_wrap=True)
-
-    def dead(self) -> str | None:
-        """The name of a child that exited, if any."""
-        return next((name for name, p, _ in self.procs if p.poll() is not None), None)
+        return proc, log
 
     def wait(self, stop: threading.Event) -> None:
-        """Until ``stop`` is set or a child exits (then raise, with its log's tail)."""
+        """Until ``stop`` is set; a child that dies is started again (or, one that is
+        not restarted, raises with its log's tail)."""
         while not stop.wait(0.5):
             self.check()
 
     def check(self) -> None:
-        name = self.dead()
-        if name is not None:
-            raise fail(f"the {name} exited unexpectedly; its log ends with:\n{self.tail(name)}")
+        for child in self.children:
+            if child.proc.poll() is None:
+                continue
+            if not child.restart:
+                raise fail(
+                    f"the {child.name} exited unexpectedly; its log ends with:\n"
+                    f"{self.tail(child.name)}"
+                )
+            self._restart_when_due(child)
+
+    def _restart_when_due(self, child: Child) -> None:
+        now = self.clock()
+        if child.restart_at is None:
+            child.delay_s = restart_delay_s(child.delay_s, now - child.started_at)
+            child.restart_at = now + child.delay_s
+            err.print(
+                f"the {child.name} exited with code {child.proc.returncode}; starting it "
+                f"again in {child.delay_s:g} s (its log: {self.log_dir / child.name}.log)",
+                soft_wrap=True,
+            )
+            return
+        if now < child.restart_at:
+            return
+        child.log.close()
+        child.proc, child.log = self._spawn(child.name, child.args, child.env)
+        child.started_at, child.restart_at = self.clock(), None
 
     def tail(self, name: str, lines: int = 30) -> str:
         text = (self.log_dir / f"{name}.log").read_text(errors="replace")
         return "\n".join(text.splitlines()[-lines:])
 
     def stop_all(self) -> None:
-        for name, proc, log in reversed(self.procs):
+        for child in reversed(self.children):
+            proc = child.proc
             if proc.poll() is None:
-                out.print(f"stopping {name}…")
+                out.print(child.stopping)
                 proc.send_signal(signal.SIGTERM)
                 try:
-                    proc.wait(timeout=STOP_GRACE_S)
+                    proc.wait(timeout=child.stop_grace_s)
                 except subprocess.TimeoutExpired:
-                    err.print(f"{name} did not stop in {STOP_GRACE_S:g} s; killing it")
+                    err.print(f"{child.name} did not stop in {child.stop_grace_s:g} s; killing it")
                     proc.kill()
                     proc.wait()
-            log.close()
-        self.procs.clear()
+            child.log.close()
+        self.children.clear()
 
 
 class signals_set:

@@ -1,15 +1,17 @@
 """Errors the control plane's services raise; the HTTP layer maps each to a status.
 
     ControlPlaneError
-    ├── BadRequestError        400  a spec names a missing model/adapter, bad bundle
-    ├── UnauthorizedError      401  no API key, or an unknown/revoked one
-    ├── ForbiddenError         403  the key lacks the scope, or is for another function
-    ├── NotFoundError          404  no such function, call, key, model, worker, replica
-    ├── ConflictError          409  in use, already final, idempotency mismatch
-    ├── PayloadTooLargeError   413  body over ``max_body_bytes``
-    ├── RateLimitedError       429  the key or function is over its rate limit
-    ├── NoCapacityError        503  no worker can take a replica now
-    └── DeadlineExceededError  504  a synchronous call ran past its deadline
+    ├── BadRequestError              400  a spec names a missing model/adapter, bad bundle;
+    │                                     an invoke body nested deeper than ``max_body_depth``
+    ├── UnauthorizedError            401  no API key, or an unknown/revoked one
+    ├── ForbiddenError               403  the key lacks the scope, or is for another function
+    ├── NotFoundError                404  no such function, call, key, model, worker, replica
+    ├── ConflictError                409  in use, already final, idempotency mismatch
+    ├── PayloadTooLargeError         413  body over ``max_body_bytes``
+    ├── UnsupportedMediaTypeError    415  an invoke body that is not JSON
+    ├── RateLimitedError             429  the key or function is over its rate limit
+    ├── NoCapacityError              503  no worker can take a replica now
+    └── DeadlineExceededError        504  a synchronous call ran past its deadline
 
 Every message says what was wrong and, where there is one, what to do.
 The mapping lives in ``control_plane.api.errors`` and nowhere else.
@@ -43,6 +45,10 @@ class ConflictError(ControlPlaneError):
 
 
 class PayloadTooLargeError(ControlPlaneError):
+    pass
+
+
+class UnsupportedMediaTypeError(ControlPlaneError):
     pass
 
 

@@ -71,8 +71,9 @@ Attempt = Annotated[int, Field(ge=1, le=MAX_INT32)]
 Millis = Annotated[float, Field(allow_inf_nan=False)]
 
 Device = Literal["cpu", "cuda"]
-ReplicaState = Literal["starting", "ready", "failed", "stopped"]
+ReplicaState = Literal["starting", "ready", "draining", "failed", "stopped"]
 CallEventKind = Literal["started", "output", "succeeded", "failed", "timeout", "cancelled"]
+Fault = Literal["function", "replica"]
 FINAL_CALL_EVENTS: frozenset[str] = frozenset({"succeeded", "failed", "timeout", "cancelled"})
 
 
@@ -261,6 +262,9 @@ class ReplicaEvent(Message):
     state: ReplicaState
     phases_ms: dict[str, Millis] = Field(default_factory=dict)
     error: str | None = None
+    # v1.7, failed: "function" when the function's own code failed the start (its
+    # import or ``setup``), which says nothing about the worker; None: the replica's.
+    fault: Fault | None = None
 
 
 class CallEvent(Message):
@@ -291,3 +295,9 @@ class CallEvent(Message):
     # v1.5, failed events: the call never started (its replica was gone when it
     # arrived); the control plane runs it again while retries remain.
     not_run: bool | None = None
+    # v1.7, failed events: whose failure it is. "function": the function raised or
+    # returned what cannot be sent; it says nothing about the worker. "replica": its
+    # replica died or stopped answering during the call; the control plane runs it
+    # again while retries remain, and the worker's breaker counts it
+    # (``services.worker_health``). None (an older worker): the function's.
+    fault: Fault | None = None

@@ -33,6 +33,7 @@
 | auth_cache_ttl_s           | THAW_AUTH_CACHE_TTL_S        | 2 (a verified key is trusted this long; a revoke through another server takes this long here; 0: off) |
 | secrets_key                | THAW_SECRETS_KEY             | (<home>/secrets.key, made on first use; one key for all control planes) |
 | max_body_bytes             | THAW_MAX_BODY_BYTES          | 6 MiB                |
+| max_body_depth             | THAW_MAX_BODY_DEPTH          | 64 (arrays and objects nested in an invoke body, the body itself counting 1; at most 200) |
 | max_upload_bytes           | THAW_MAX_UPLOAD_BYTES        | 64 GiB (console folder uploads) |
 | max_result_bytes           | THAW_MAX_RESULT_BYTES        | 4 MiB (a bigger result fails the call; worker) |
 | max_stream_chunk_bytes     | THAW_MAX_STREAM_CHUNK_BYTES  | 1 MiB (a bigger streamed output fails the call) |
@@ -42,6 +43,7 @@
 | worker_lost_after_heartbeats | THAW_WORKER_LOST_AFTER_HEARTBEATS | 3            |
 | worker_failure_threshold   | THAW_WORKER_FAILURE_THRESHOLD | 5 (newest calls on a worker all failed: no new calls or replicas until a probe call passes; 0: off) |
 | worker_probe_interval_s    | THAW_WORKER_PROBE_INTERVAL_S | 30 (between probe calls to such a worker) |
+| replica_answer_timeout_s   | THAW_REPLICA_ANSWER_TIMEOUT_S | 10 (a replica asked, on a call's cancel, whether it still answers is killed when it does not within this) |
 | reconcile_interval_s       | THAW_RECONCILE_INTERVAL_S    | 0.5 (for the whole server: each of N processes reconciles every N intervals) |
 | result_poll_interval_s     | THAW_RESULT_POLL_INTERVAL_S  | 0.25 (other processes' results) |
 | deploy_validate_timeout_s  | THAW_DEPLOY_VALIDATE_TIMEOUT_S | 120                |
@@ -52,6 +54,7 @@
 | worker_name                | THAW_WORKER_NAME             | (host name)          |
 | worker_dir                 | THAW_WORKER_DIR              | <home>/worker (id, code bundles; one per agent) |
 | worker_concurrency         | THAW_WORKER_CONCURRENCY      | 32 (Celery threads: calls + starts at once) |
+| drain_grace_s              | THAW_DRAIN_GRACE_S           | 30 (on SIGTERM/Ctrl-C a worker takes no new calls and lets running ones finish this long, then stops its replicas) |
 | worker_data_host           | THAW_WORKER_DATA_HOST        | 127.0.0.1 (the direct call port's address; empty: off) |
 | worker_data_port           | THAW_WORKER_DATA_PORT        | 0 (any free port)    |
 | worker_data_advertise_host | THAW_WORKER_DATA_ADVERTISE_HOST | (the listening host; what the control plane dials) |
@@ -122,6 +125,9 @@ class Settings(BaseSettings):
     # Fernet key of function secrets at rest (services.secrets); None: <home>/secrets.key.
     secrets_key: str | None = Field(default=None, repr=False)
     max_body_bytes: int = 6 << 20
+    # At most 200: pydantic stops serializing at about 250 levels, and a call's input
+    # travels nested a few levels deeper in its messages and results.
+    max_body_depth: int = Field(default=64, ge=1, le=200)
     max_upload_bytes: int = 64 << 30
     # Under max_body_bytes: the worker posts a result to the control plane in one body.
     max_result_bytes: int = Field(default=4 << 20, ge=1)
@@ -132,6 +138,7 @@ class Settings(BaseSettings):
     worker_lost_after_heartbeats: int = 3
     worker_failure_threshold: int = Field(default=5, ge=0)
     worker_probe_interval_s: float = Field(default=30.0, gt=0)
+    replica_answer_timeout_s: float = Field(default=10.0, gt=0)
     reconcile_interval_s: float = 0.5
     result_poll_interval_s: float = 0.25
     deploy_validate_timeout_s: float = 120.0
@@ -143,6 +150,7 @@ class Settings(BaseSettings):
     worker_name: str | None = None
     worker_dir: Path | None = None
     worker_concurrency: int = Field(default=32, ge=1)
+    drain_grace_s: float = Field(default=30.0, ge=0)
     worker_data_host: str = "127.0.0.1"
     worker_data_port: int = Field(default=0, ge=0, le=65535)
     worker_data_advertise_host: str | None = None

@@ -5,7 +5,14 @@ One agent per machine. ``Agent.run`` blocks until its stop event is set
 
     register ──▶ start consumer ──▶ heartbeat every interval ──▶ stop event
                                                                     │
-      stop consumer ◀── stop every replica ◀── refuse new work ◀────┘
+      drain: refuse new calls and replicas, stop idle replicas, ◀───┘
+      report busy ones draining, heartbeat "unhealthy: draining"
+      until the running calls end or ``drain_grace_s`` passes
+                                                                    │
+      stop consumer ◀── stop every replica ◀────────────────────────┘
+
+Draining leaves calls that have not started queued in the control plane (no
+replica here takes them; none is placed here) for the next worker or start.
 
 The worker id is generated once and kept in ``<state_dir>/id``, so a
 restarted agent is the same worker to the control plane and finds messages
@@ -16,7 +23,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +49,8 @@ from worker.replicas import ReplicaManager
 from worker.runtimes.base import Runtime
 
 log = logging.getLogger(__name__)
+DRAIN_POLL_S = 0.1
+DRAINING = Health(False, "draining: the worker is shutting down")
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,8 @@ class AgentConfig:
     data_host: str | None = "127.0.0.1"
     data_port: int = 0
     data_advertise_host: str | None = None
+    # On a stop, how long running calls may go on before the replicas are stopped.
+    drain_grace_s: float = 30.0
 
 
 def worker_id(state_dir: Path) -> str:
@@ -99,6 +112,7 @@ class Agent:
         self.devices = detect_devices()
         self.heartbeat_interval_s = 2.0
         self._health = HEALTHY
+        self._draining = False
         self.data: DataServer | None = None
         if config.data_host is not None:
             self.data = DataServer(self.manager.run_direct, config.data_host, config.data_port)
@@ -145,6 +159,7 @@ class Agent:
                 if not consumer.running:
                     raise RuntimeError(f"the Celery consumer stopped: {consumer.error!r}")
                 self.heartbeat()
+            self.drain()
         finally:
             self.manager.close()
             if self.data is not None:
@@ -154,6 +169,34 @@ class Agent:
             self.runtime.close()
             self.client.close()
             self.manager.tracing.close()
+
+    def drain(self, clock: Callable[[], float] = time.monotonic) -> None:
+        """Take no new work; let running calls finish up to ``drain_grace_s``, still
+        heartbeating (the worker stays known, and unhealthy: no replica is placed here)."""
+        self._draining = True
+        self.manager.drain()
+        running = self.manager.running_calls()
+        if running:
+            log.info(
+                "draining: waiting up to %g s for %d running call(s)",
+                self.config.drain_grace_s,
+                running,
+            )
+        deadline = clock() + self.config.drain_grace_s
+        self.heartbeat()
+        beat_at = clock()
+        while self.manager.running_calls() and clock() < deadline:
+            time.sleep(min(DRAIN_POLL_S, max(0.0, deadline - clock())))
+            if clock() - beat_at >= self.heartbeat_interval_s:
+                self.heartbeat()
+                beat_at = clock()
+        left = self.manager.running_calls()
+        if left:
+            log.warning(
+                "drain grace of %g s over: stopping replicas with %d call(s) still running",
+                self.config.drain_grace_s,
+                left,
+            )
 
     def _reregister(self) -> None:
         try:
@@ -208,6 +251,8 @@ class Agent:
         """This worker's health now (see ``worker.health``); logs each change."""
         cache_dir = Path(self.config.store.cache_dir)
         health = check_cache_disk(cache_dir, self.config.cache_min_free_bytes)
+        if self._draining:
+            health = DRAINING
         if health != self._health:
             if health.healthy:
                 log.info("healthy again: the cache disk has room")

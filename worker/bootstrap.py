@@ -98,6 +98,7 @@ def agent_config(settings: Settings) -> AgentConfig:
         data_host=settings.worker_data_host or None,
         data_port=settings.worker_data_port,
         data_advertise_host=settings.worker_data_advertise_host,
+        drain_grace_s=settings.drain_grace_s,
     )
 
 
@@ -112,7 +113,8 @@ def build_agent(settings: Settings) -> Agent:
         host_bytes_max=settings.worker_pool_host_bytes_max,
         refill_delay_s=settings.worker_pool_refill_delay_s,
     )
-    runtime = RoutedRuntime(ProcessRuntime(pool), lambda: _docker_runtime(settings, config))
+    process = ProcessRuntime(pool, answer_timeout_s=settings.replica_answer_timeout_s)
+    runtime = RoutedRuntime(process, lambda: _docker_runtime(settings, config))
     client = ControlPlaneClient(config.server_url, config.api_key)
     inventory = CacheInventory(settings.cache_config(), registry, ram_tier=_ram_tier(settings))
     return Agent(config, runtime, client, inventory)
@@ -145,7 +147,7 @@ def serve(settings: Settings) -> None:
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("received %s: stopping replicas and the consumer", signal.Signals(signum).name)
+        log.info("received %s: draining, then stopping", signal.Signals(signum).name)
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -14,6 +14,9 @@ the agent creates; every message has a ``type``. One replica's life::
       │                                       │   replica gathers them: worker.batcher)
       │── output {call_id, chunk} ───────────▶│   zero or more per call (streaming)
       │── result {call_id, output} ──────────▶│   or error {call_id, error}
+      │◀──────────────── cancel {call_id} ────│   its deadline passed: stop that call
+      │◀───────────────────── ping {seq} ─────│   (after a cancel) still answering?
+      │── pong {seq} ────────────────────────▶│   from the serving thread, at once
       │◀──────────────────────── shutdown ────│   or the agent kills the process
       ▼
 
@@ -121,6 +124,18 @@ class Shutdown(BaseModel):
     type: Literal["shutdown"] = "shutdown"
 
 
+class CancelCall(BaseModel):
+    """Stop one call (``worker.call_cancel``); the replica answers it as an ``error``."""
+
+    type: Literal["cancel"] = "cancel"
+    call_id: str
+
+
+class Ping(BaseModel):
+    type: Literal["ping"] = "ping"
+    seq: int
+
+
 # --- child → agent ---------------------------------------------------------
 class Hello(BaseModel):
     type: Literal["hello"] = "hello"
@@ -165,6 +180,11 @@ class SetupFailed(BaseModel):
     phases_ms: dict[str, float] = Field(default_factory=dict)
 
 
+class Pong(BaseModel):
+    type: Literal["pong"] = "pong"
+    seq: int
+
+
 class Output(BaseModel):
     type: Literal["output"] = "output"
     call_id: str
@@ -190,17 +210,15 @@ class Result(CallEnd):
 class CallError(CallEnd):
     type: Literal["error"] = "error"
     error: str
+    cancelled: bool = False  # it ended because the agent cancelled it
 
 
-ToChild = Annotated[Prepare | Specialize | CallMsg | Shutdown, Field(discriminator="type")]
-FromChild = Annotated[
-    Hello | Prepared | Ready | SetupFailed | Output | Result | CallError,
-    Field(discriminator="type"),
-]
-TO_CHILD: TypeAdapter[Prepare | Specialize | CallMsg | Shutdown] = TypeAdapter(ToChild)
-FROM_CHILD: TypeAdapter[Hello | Prepared | Ready | SetupFailed | Output | Result | CallError] = (
-    TypeAdapter(FromChild)
-)
+ToChildMessage = Prepare | Specialize | CallMsg | CancelCall | Ping | Shutdown
+FromChildMessage = Hello | Prepared | Ready | SetupFailed | Pong | Output | Result | CallError
+ToChild = Annotated[ToChildMessage, Field(discriminator="type")]
+FromChild = Annotated[FromChildMessage, Field(discriminator="type")]
+TO_CHILD: TypeAdapter[ToChildMessage] = TypeAdapter(ToChild)
+FROM_CHILD: TypeAdapter[FromChildMessage] = TypeAdapter(FromChild)
 
 
 def dump(message: BaseModel) -> dict[str, Any]:

@@ -23,6 +23,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from worker.call_cancel import CallCancelled, RunningCalls
+
 T_ENTRY_S = time.time()  # as early as possible: process_start ends here
 # Call threads of a replica told no target concurrency (an older agent).
 UNCAPPED_CALLS = 256
@@ -113,9 +115,20 @@ class ChildServer:
         # the SDK promises (sdk.py). Made at specialize and kept between calls: a new
         # thread per call was about a sixth of the replica's CPU for a no-op call.
         self.calls: ThreadPoolExecutor | None = None
+        self.running = RunningCalls()  # whose function runs on which thread: cancels
 
     def serve(self) -> None:
-        from worker.child_protocol import TO_CHILD, CallMsg, Prepare, Shutdown, Specialize
+        from worker.child_protocol import (
+            TO_CHILD,
+            CallMsg,
+            CancelCall,
+            Ping,
+            Pong,
+            Prepare,
+            Shutdown,
+            Specialize,
+            dump,
+        )
         from worker.frames import PeerClosedError
 
         while True:
@@ -125,7 +138,11 @@ class ChildServer:
                 return  # the agent is gone: so are we
             if isinstance(msg, Shutdown):
                 return
-            if isinstance(msg, Prepare):
+            if isinstance(msg, Ping):  # answered here, whatever the call threads do
+                self.conn.send(dump(Pong(seq=msg.seq)))
+            elif isinstance(msg, CancelCall):
+                self.running.cancel(msg.call_id)  # a batched call ends with its batch
+            elif isinstance(msg, Prepare):
                 self._prepare(msg)
             elif isinstance(msg, Specialize):
                 self._specialize(msg)
@@ -207,7 +224,7 @@ class ChildServer:
                 if use is not None:
                     hit = use.hit
                     timings["adapter_load"] = use.load_ms
-                result = self._execute(msg, t0, timings)
+                result = self._execute_cancellable(msg, t0, timings)
             timings["execution"] = (time.perf_counter() - t0) * 1000 - timings.get(
                 "adapter_load", 0.0
             )
@@ -217,10 +234,17 @@ class ChildServer:
             self.conn.send(dump(out))
             if self.replica.profile is not None:
                 self.replica.profile.save_once()  # after the answer: off the caller's clock
-        except Exception as exc:
+        except (Exception, CallCancelled) as exc:
             timings["execution"] = (time.perf_counter() - t0) * 1000
+            cancelled = isinstance(exc, CallCancelled)
+            self.running.leave(msg.call_id)  # again: it may have arrived inside leave()
+            error = "cancelled: its deadline passed" if cancelled else format_error(exc)
             err = CallError(
-                call_id=msg.call_id, error=format_error(exc), timings_ms=timings, adapter_hit=hit
+                call_id=msg.call_id,
+                error=error,
+                timings_ms=timings,
+                adapter_hit=hit,
+                cancelled=cancelled,
             )
             err.loaded_adapters = self._loaded_adapters(msg.adapter)
             self.conn.send(dump(err))
@@ -238,6 +262,16 @@ class ChildServer:
         if name is None or self.replica.adapters is None:
             return contextlib.nullcontext(None)
         return self.replica.adapters.use(name)
+
+    def _execute_cancellable(self, msg: Any, t0: float, timings: dict[str, float]) -> Any:
+        """``_execute`` while a cancel of the call may raise ``CallCancelled`` in it
+        (``worker.call_cancel``); raises it at once when the call was cancelled first."""
+        if not self.running.enter(msg.call_id):
+            raise CallCancelled
+        try:
+            return self._execute(msg, t0, timings)
+        finally:
+            self.running.leave(msg.call_id)
 
     def _execute(self, msg: Any, t0: float, timings: dict[str, float]) -> Any:
         """Run the function; stream or collect what it yields. The result is JSON."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from control_plane.protocol import (
@@ -31,7 +31,13 @@ from worker.call_guard import CallLimits, guard, redact, refused_as_too_large
 from worker.child_protocol import AdapterRef, ContainerSpec, ReplicaSpec, StoreSpec
 from worker.control_client import ControlPlaneClient, ControlPlaneError
 from worker.inventory import BandwidthMeter
-from worker.runtimes.base import CallRequest, CallUpdate, ReplicaHandle, ReplicaStartError, Runtime
+from worker.runtimes.base import (
+    CallRequest,
+    CallUpdate,
+    ReplicaHandle,
+    ReplicaStartError,
+    Runtime,
+)
 from worker.tracing import run_call_spans, start_replica_spans
 
 log = logging.getLogger(__name__)
@@ -44,6 +50,7 @@ class _Entry:
     handle: ReplicaHandle | None = None  # None while starting
     secrets: dict[str, str] = field(default_factory=dict, repr=False)  # redacted from calls
     model_digests: tuple[str, ...] = ()
+    draining: bool = False  # the worker is stopping: it finishes its calls, takes no more
 
 
 @dataclass
@@ -88,6 +95,7 @@ class ReplicaManager:
         self._loaded_digests: set[str] = set()
         # call id -> where its events go first (a direct call's connection), see run_direct
         self._sinks: dict[str, Callable[[CallEvent], bool]] = {}
+        self._running: dict[str, ReplicaHandle] = {}  # call id -> its replica, while it runs
         self._closed = False
 
     def close(self) -> None:
@@ -117,7 +125,10 @@ class ReplicaManager:
             self._report(
                 msg.replica_id,
                 ReplicaEvent(
-                    state="failed", error=redact(str(exc), msg.secrets), phases_ms=exc.phases_ms
+                    state="failed",
+                    error=redact(str(exc), msg.secrets),
+                    phases_ms=exc.phases_ms,
+                    fault=exc.fault if exc.fault == "function" else None,
                 ),
             )
             return
@@ -172,11 +183,43 @@ class ReplicaManager:
         for replica_id in ids:
             self.stop_by_id(replica_id, "the worker is shutting down")
 
+    def drain(self) -> None:
+        """The first step of a graceful stop: refuse new replicas and calls; stop the
+        replicas that run no call now, and report the others ``draining`` (the control
+        plane sends them nothing more and leaves new calls queued)."""
+        self.close()
+        with self._lock:
+            entries = list(self._replicas.items())
+        for replica_id, entry in entries:
+            if entry.handle is None or entry.handle.outstanding_calls == 0:
+                self.stop_by_id(replica_id, "the worker is shutting down")
+                continue
+            entry.draining = True
+            self._report(replica_id, ReplicaEvent(state="draining"))
+
+    def running_calls(self) -> int:
+        """Calls running on this worker's replicas now."""
+        with self._lock:
+            handles = [e.handle for e in self._replicas.values() if e.handle is not None]
+        return sum(h.outstanding_calls for h in handles)
+
     def _on_exit(self, replica_id: str, reason: str) -> None:
         with self._lock:
             entry = self._replicas.pop(replica_id, None)
         if entry is not None:
+            self._await_calls_of(entry.handle)
             self._report(replica_id, ReplicaEvent(state="failed", error=reason))
+
+    def _await_calls_of(self, handle: ReplicaHandle | None, max_wait_s: float = 5.0) -> None:
+        """Let the calls a dead replica held report first: each says whether it ever
+        started, which decides whether its retry is spent (the replica's own event
+        would retry them all alike)."""
+        deadline = time.monotonic() + max_wait_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if handle not in self._running.values():
+                    return
+            time.sleep(0.01)
 
     def reports(self) -> list[ReplicaReport]:
         with self._lock:
@@ -184,7 +227,7 @@ class ReplicaManager:
         return [
             ReplicaReport(
                 replica_id=rid,
-                state="starting" if e.handle is None else "ready",
+                state="starting" if e.handle is None else "draining" if e.draining else "ready",
                 outstanding_calls=0 if e.handle is None else e.handle.outstanding_calls,
             )
             for rid, e in entries
@@ -197,9 +240,13 @@ class ReplicaManager:
 
     # --- calls ---------------------------------------------------------------
     def cancel(self, call_ids: list[str]) -> None:
-        """Calls to end as cancelled; a running one stops being forwarded at its next update."""
+        """Calls to end as cancelled: a running one is stopped in its replica, and
+        reported cancelled at its next update."""
         with self._lock:
             self._cancelled.update(call_ids)
+            running = [(c, self._running[c]) for c in call_ids if c in self._running]
+        for call_id, handle in running:
+            handle.cancel(call_id)
 
     def run_direct(self, msg: RunCall, sink: Callable[[CallEvent], bool]) -> None:
         """Run a call that came over the direct port: its events go to ``sink``, and
@@ -234,8 +281,24 @@ class ReplicaManager:
         request = CallRequest(
             msg.call_id, msg.input, msg.adapter, msg.attempt, msg.timeout_s, msg.stream
         )
+        with self._lock:
+            self._running[msg.call_id] = handle
+        try:
+            self._forward(msg, handle.call(request), timings, started_s)
+        finally:
+            with self._lock:
+                self._running.pop(msg.call_id, None)
+
+    def _forward(
+        self,
+        msg: RunCall,
+        updates: Iterator[CallUpdate],
+        timings: dict[str, float],
+        started_s: float,
+    ) -> None:
+        """Report a running call's updates, until its final one or a cancel."""
         outputs = 0
-        for update in handle.call(request):
+        for update in updates:
             if self._take_cancel(msg.call_id):
                 self._final(msg, CallUpdate("cancelled"), timings, started_s)
                 return
@@ -273,6 +336,8 @@ class ReplicaManager:
             loaded_adapters=update.loaded_adapters,
             batch_size=update.batch_size,
             batch_index=update.batch_index,
+            fault=update.fault if update.kind == "failed" else None,
+            not_run=update.not_run or None,
         )
         ended_s = self.clock()
         self._event(msg, event)

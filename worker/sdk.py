@@ -73,8 +73,12 @@ Contract:
   thread still sees.
 - An exception in ``__call__`` ends that call as failed with the message
   and the tail of the traceback; the replica stays up and takes more calls.
-- A call that runs past its timeout has its replica process killed; do not
-  rely on ``finally`` blocks running in that case.
+- A call that runs past its timeout is cancelled: ``worker.call_cancel.CallCancelled``
+  (a ``BaseException``, so ``except Exception`` does not catch it) is raised in
+  its thread at the next Python line it runs, and its ``finally`` blocks run; code
+  blocked in a native call stops when that returns. A replica that stops
+  answering altogether (native code holding the GIL) is killed, and then no
+  ``finally`` block runs.
 - The weights dict is owned by the function from ``setup`` on: the worker
   keeps no other reference, so a model may adopt the tensors
   (``module.load_state_dict(ctx.weights, assign=True)``) without a copy.

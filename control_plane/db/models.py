@@ -154,6 +154,9 @@ class Call(Base):
     stream: Mapped[bool] = mapped_column(Boolean, default=False)
     output_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # A failed call: "function" (its code raised) or "replica" (its replica died or
+    # stopped answering); only the latter counts against a worker (worker_health).
+    fault: Mapped[str | None] = mapped_column(String(16), nullable=True)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     retries: Mapped[int] = mapped_column(Integer, default=0)
     timeout_s: Mapped[float] = mapped_column(Float)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import Celery
 from pydantic import BaseModel
 
-from control_plane.dispatch.base import Dispatcher
+from control_plane.dispatch.base import Dispatcher, encode
 from control_plane.protocol import (
     TASK_RUN_CALL,
     TASK_START_REPLICA,
@@ -23,7 +23,7 @@ class CeleryDispatcher(Dispatcher):
 
     def _send(self, task: str, worker_id: str, msg: BaseModel) -> None:
         queue = worker_queue(worker_id)
-        self.app.send_task(task, args=[msg.model_dump(mode="json")], queue=queue, routing_key=queue)
+        self.app.send_task(task, args=[encode(msg)], queue=queue, routing_key=queue)
 
     def start_replica(self, worker_id: str, msg: StartReplica) -> None:
         self._send(TASK_START_REPLICA, worker_id, msg)

@@ -11,7 +11,7 @@ import threading
 
 from pydantic import BaseModel
 
-from control_plane.dispatch.base import Dispatcher
+from control_plane.dispatch.base import Dispatcher, encode
 from control_plane.protocol import (
     TASK_RUN_CALL,
     TASK_START_REPLICA,
@@ -34,7 +34,7 @@ class InMemoryDispatcher(Dispatcher):
             return self._queues.setdefault(worker_id, queue.Queue())
 
     def _send(self, task: str, worker_id: str, msg: BaseModel) -> None:
-        self.queue_for(worker_id).put((task, msg.model_dump(mode="json")))
+        self.queue_for(worker_id).put((task, encode(msg)))
 
     def start_replica(self, worker_id: str, msg: StartReplica) -> None:
         self._send(TASK_START_REPLICA, worker_id, msg)

@@ -280,6 +280,7 @@ def finalize(
     adapter_hit: bool | None = None,
     from_states: tuple[str, ...] = NON_FINAL_CALL_STATES,
     attempt: int | None = None,
+    fault: str | None = None,
 ) -> Ended | None:
     """Move a call to final ``status`` if it is in one of ``from_states`` (by default
     any non-final state) and, given ``attempt``, still on that attempt. What the
@@ -295,6 +296,7 @@ def finalize(
         "finished_at": now,
         "output_json": _canonical(output) if status == "succeeded" else None,
         "error": error,
+        "fault": fault if status == "failed" else None,
     }
     if timings_ms:
         row = session.get(Call, call_id)
@@ -470,6 +472,11 @@ def record_event(
             .execution_options(synchronize_session=False)
         )
         return True
+    if ev.kind == "failed" and ev.fault == "replica":
+        # Its replica died under it: run it again while its function allows retries.
+        error = ev.error or "its replica died during the call"
+        requeue_or_fail(session, metrics, now, row, error, fault="replica")
+        return True
     if ev.loaded_adapters is not None and row.replica_id is not None:
         _note_adapters(session, row.replica_id, ev.loaded_adapters)
     ended = finalize(
@@ -483,6 +490,7 @@ def record_event(
         timings_ms=ev.timings_ms,
         adapter_hit=ev.adapter_hit,
         attempt=ev.attempt,
+        fault=ev.fault or "function",
     )
     if ended is None:
         raise ConflictError(
@@ -492,11 +500,17 @@ def record_event(
 
 
 def requeue_or_fail(
-    session: Session, metrics: Metrics | None, now: float, call: Call, reason: str
+    session: Session,
+    metrics: Metrics | None,
+    now: float,
+    call: Call,
+    reason: str,
+    *,
+    fault: str = "replica",
 ) -> None:
-    """A call whose replica vanished: run it again if retries remain, else fail it.
-    Only while it is still on the attempt ``call`` was read at (another path may
-    have requeued it, and dispatched the next attempt, since)."""
+    """A call whose replica vanished: run it again if retries remain, else fail it
+    (with ``fault``). Only while it is still on the attempt ``call`` was read at
+    (another path may have requeued it, and dispatched the next attempt, since)."""
     if call.attempt <= call.retries:
         session.execute(
             update(Call)
@@ -509,7 +523,16 @@ def requeue_or_fail(
             .execution_options(synchronize_session=False)
         )
     else:
-        finalize(session, metrics, now, call.id, "failed", error=reason, attempt=call.attempt)
+        finalize(
+            session,
+            metrics,
+            now,
+            call.id,
+            "failed",
+            error=reason,
+            attempt=call.attempt,
+            fault=fault,
+        )
 
 
 def _note_adapters(session: Session, replica_id: str, names: list[str]) -> None:

@@ -74,10 +74,15 @@ def mark_dispatched(
     """queued → dispatched on the replica (ready since ``ready_at``); False when the
     call was no longer queued. A call not yet written (``calls.accepting``) is
     changed before it is written. A call that waited for its replica to start (a
-    cold one) takes the replica's phases, read here."""
-    cold = ready_at is not None and ready_at >= call.accepted_at
-    replica = session.get(Replica, replica_id) if cold else None
-    phases = coldstart.replica_phases(replica) if replica is not None else {}
+    cold one) takes the replica's phases, read here. A call that paid a cold start on
+    an earlier attempt stays cold, with that start's phases."""
+    waited = ready_at is not None and ready_at >= call.accepted_at
+    replica = session.get(Replica, replica_id) if waited else None
+    if replica is not None:
+        phases = coldstart.replica_phases(replica)
+    else:
+        phases = json.loads(call.phases_json) if call.cold else {}
+    cold = waited or bool(call.cold)
     timings = {**json.loads(call.timings_json), "queue_wait": (now - call.accepted_at) * 1000}
     values = {
         "status": "dispatched",

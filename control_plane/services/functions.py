@@ -7,6 +7,10 @@ new version stored and made active, so a bad deploy never replaces a
 serving version. Replicas of older versions are drained by the reconciler.
 A deploy with a canary share stores the version as the function's canary
 instead (``services.canary``); a plain deploy or a rollback ends any canary.
+A deploy that repeats the serving version (same spec, code bundle digest,
+model and adapter digests) makes no new version: ``thaw up`` and CI pipelines
+deploy on every start, and a new version would move calls and drain warm
+replicas for nothing.
 """
 
 from __future__ import annotations
@@ -115,6 +119,12 @@ def deploy(
         fn = Function(name=spec.name, created_at=now)
         session.add(fn)
         session.flush()
+    stored = _Stored(
+        spec.model_dump_json(), model_digest, json.dumps([a.__dict__ for a in adapters])
+    )
+    same = _unchanged(session, fn, stored, spec.bundle == bundle_digest, canary_pct)
+    if same is not None:
+        return _keep(session, fn, same, canary_pct)
     latest = session.scalar(
         select(func.max(FunctionVersion.version)).where(FunctionVersion.function_id == fn.id)
     )
@@ -123,9 +133,9 @@ def deploy(
         FunctionVersion(
             function_id=fn.id,
             version=version,
-            spec_json=spec.model_dump_json(),
-            model_digest=model_digest,
-            adapters_json=json.dumps([a.__dict__ for a in adapters]),
+            spec_json=stored.spec_json,
+            model_digest=stored.model_digest,
+            adapters_json=stored.adapters_json,
             created_at=now,
         )
     )
@@ -140,6 +150,46 @@ def deploy(
     used = [bundle_digest, *([model_digest] if model_digest else []), *(a.digest for a in adapters)]
     pins.pin(registry.store, pins.function_owner(spec.name, version), used + _image(registry, spec))
     return show(session, spec.name)
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """What a version row holds of a deploy: equal ones run the same code the same way."""
+
+    spec_json: str
+    model_digest: str | None
+    adapters_json: str
+
+
+def _unchanged(
+    session: Session, fn: Function, stored: _Stored, bundle_pinned: bool, canary_pct: float | None
+) -> int | None:
+    """The version a deploy would only repeat: the active one for a plain deploy, the
+    canary for a canary deploy, when its spec (code bundle digest included), model and
+    adapters digests are the same. None: a new version. A bundle named by tag, not by
+    digest, is always new (what the tag named before is not known)."""
+    if not bundle_pinned:
+        return None
+    row_canary = session.get(Canary, fn.id)
+    current = fn.active_version if canary_pct is None else getattr(row_canary, "version", None)
+    if current is None:
+        return None
+    row = _version_row(session, fn, current)
+    same = _Stored(row.spec_json, row.model_digest, row.adapters_json) == stored
+    return current if same else None
+
+
+def _keep(session: Session, fn: Function, version: int, canary_pct: float | None) -> FunctionInfo:
+    """A repeated deploy: no new version. A plain one still ends any canary; a canary
+    one takes the new share."""
+    if canary_pct is None:
+        session.execute(sql_delete(Canary).where(Canary.function_id == fn.id))
+    else:
+        row_canary = session.get(Canary, fn.id)
+        assert row_canary is not None  # _unchanged found the canary
+        row_canary.weight_pct = canary_pct
+    session.flush()
+    return show(session, fn.name)
 
 
 def _image(registry: Registry, spec: FunctionSpec) -> list[str]:

@@ -23,6 +23,7 @@ from control_plane.protocol import (
 )
 from control_plane.services import (
     batching,
+    call_access,
     calls,
     canary,
     direct_calls,
@@ -82,10 +83,18 @@ class Invocations:
         return view, created
 
     def get(self, who: Principal, call_id: str) -> CallView:
+        """The call, to the key that made it or an admin key (``services.call_access``)."""
+        who.require("invoke")  # before the lookup: no existence leak
         with self.s.db.session() as session:
-            view = calls.get(session, call_id)
+            view = call_access.visible_call(session, who, call_id)
         who.require("invoke", view.function)
         return view
+
+    def list_calls(self, who: Principal, function: str | None, limit: int) -> list[CallView]:
+        """The latest calls this key may see, newest first."""
+        who.require("invoke", function)
+        with self.s.db.session() as session:
+            return call_access.list_visible(session, who, function, limit)
 
     def cancel(self, who: Principal, call_id: str) -> CallView:
         self.get(who, call_id)

@@ -29,6 +29,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call, Lock, Replica
+from control_plane.dispatch.base import UnsendableError
 from control_plane.errors import NoCapacityError, NotFoundError
 from control_plane.metrics import Metrics, set_series
 from control_plane.protocol import ReplicaEvent, RunCall, StartReplica, StopReplica
@@ -49,7 +50,7 @@ from control_plane.services.direct_calls import Claim
 from control_plane.services.direct_runner import DirectRunner
 from control_plane.services.functions import ActiveVersion
 from control_plane.services.router import ReplicaView
-from control_plane.services.scheduler import ReplicaRequest, place
+from control_plane.services.scheduler import Placement, ReplicaRequest, place
 from control_plane.services.states import IN_FLIGHT_CALL_STATES, NON_FINAL_CALL_STATES
 from control_plane.tracing import call_traceparent
 
@@ -89,8 +90,17 @@ class Reconciler:
             self._send(box)
 
     def send_run(self, worker_id: str, msg: RunCall) -> bool:
-        """Send a call already dispatched in the database through the worker's queue."""
-        return _try(self.s.dispatcher.run_call, worker_id, msg)
+        """Send a call already dispatched in the database through the worker's queue;
+        False when the broker could not take it. A call that cannot be encoded is
+        ended failed instead (it counts as sent: it must not go back to the queue)."""
+        try:
+            self.s.dispatcher.run_call(worker_id, msg)
+        except UnsendableError as exc:
+            self.direct.end_unsendable(msg.function, msg, exc)
+        except Exception:
+            log.exception("could not send %s to worker %s", type(msg).__name__, worker_id)
+            return False
+        return True
 
     def tick(self) -> None:
         """One full pass over every function plus housekeeping."""
@@ -195,10 +205,7 @@ class Reconciler:
         t0 = time.perf_counter()
         request = ReplicaRequest(fn.name, fn.spec.device, fn.model_digest, _model_bytes(self.s, fn))
         try:
-            snapshots = worker_health.without_open(
-                workers.snapshots(session), self._breakers(session, now)
-            )
-            placement = place(request, snapshots)
+            placement = self._place(session, fn.name, request, now)
         except NoCapacityError as exc:
             # Every tick retries; say it once per function until the reason changes.
             if self.s.placement_errors.get(fn.name) != str(exc):
@@ -219,6 +226,23 @@ class Reconciler:
         start.traceparent = _start_traceparent(session, fn.name)
         box.starts.append((placement.worker_id, start))
         return True
+
+    def _place(
+        self, session: Session, function: str, request: ReplicaRequest, now: float
+    ) -> Placement:
+        """On a worker whose breaker is closed; failing that, as a probe, on a half-open
+        one that runs no replica of ``function`` yet (a breaker's way back that does
+        not need a replica to exist). Raises ``NoCapacityError``."""
+        snapshots = workers.snapshots(session)
+        breakers = self._breakers(session, now)
+        try:
+            return place(request, worker_health.without_open(snapshots, breakers))
+        except NoCapacityError:
+            holding = {r.worker_id for r in replicas.live(session, function)}
+            probe = {w: b for w, b in breakers.items() if b == "open" or w in holding}
+            if len(probe) == len(breakers):
+                raise
+            return place(request, worker_health.without_open(snapshots, probe, probing=True))
 
     def _breakers(self, session: Session, now: float) -> dict[str, worker_health.BreakerState]:
         s = self.s.settings
@@ -252,7 +276,10 @@ class Reconciler:
         touched: list[str] = []
         for r in slow:
             error = f"the replica did not become ready within {limit_s:g} s"
-            ev = ReplicaEvent(state="failed", error=error)
+            # Most often a setup that hangs, which the next start would repeat: the
+            # function's fault (its waiting calls end with this error, and the worker's
+            # breaker does not count it).
+            ev = ReplicaEvent(state="failed", error=error, fault="function")
             touched += replicas.record_event(session, self.s.metrics, now, r.id, ev)
             box.stops.append((r.worker_id, StopReplica(replica_id=r.id, reason=error)))
         return touched
@@ -281,7 +308,7 @@ class Reconciler:
         # A routed call goes over the worker's direct port when it can, else its queue.
         not_direct = [(c.worker_id, c.message) for c in box.direct_runs if not self.direct.start(c)]
         for worker_id, run in box.runs + not_direct:
-            if not _try(d.run_call, worker_id, run):
+            if not self.send_run(worker_id, run):
                 self._requeue(run.call_id)
         for call_id in box.touched_calls:
             self.s.notifier.notify(call_id)

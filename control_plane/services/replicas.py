@@ -37,6 +37,7 @@ from control_plane.services.states import (
 _ALLOWED_FROM = {
     "starting": ("pending",),
     "ready": ("pending", "starting"),
+    "draining": ("pending", "starting", "ready"),  # its worker is stopping (worker.agent)
     "failed": ("pending", "starting", "ready", "draining"),
     "stopped": ("pending", "starting", "ready", "draining"),
 }
@@ -131,34 +132,65 @@ def record_event(
             metrics.cold_starts.labels(row.function).inc()
     elif ev.state in ENDED_REPLICA_STATES:
         row.stopped_at, row.error = now, ev.error
-        touched = _end_calls_of(session, metrics, now, row, ev.error or "replica stopped")
+        reason = ev.error or "replica stopped"
+        touched = _end_calls_of(session, metrics, now, row, reason, ev.fault or "replica")
     session.flush()
     return touched
 
 
 def _end_calls_of(
-    session: Session, metrics: Metrics | None, now: float, row: Replica, reason: str
+    session: Session,
+    metrics: Metrics | None,
+    now: float,
+    row: Replica,
+    reason: str,
+    fault: str,
 ) -> list[str]:
+    """Retry or fail the calls ``row`` held. When the function's own start failed
+    (``fault`` "function": its code, ``setup`` or artifacts) and no other replica can
+    serve, fail the queued calls too: such a failure repeats. Any other end leaves
+    them queued for the next replica."""
     stranded = session.scalars(
         select(Call).where(Call.replica_id == row.id, Call.status.in_(IN_FLIGHT_CALL_STATES))
     ).all()
     touched = []
     for c in stranded:
-        requeue_or_fail(session, metrics, now, c, f"replica {row.id} ended: {reason}")
+        error = f"replica {row.id} ended: {reason}"
+        requeue_or_fail(session, metrics, now, c, error, fault=fault)
         touched.append(c.id)
-    if row.state == "failed" and not _other_live(session, row):
-        # Nothing else can serve them, and a start failure usually repeats:
-        # end the waiting calls with the replica's error instead of a timeout.
+    start_failed = row.state == "failed" and row.ready_at is None and fault == "function"
+    if start_failed and not _other_live(session, row):
         queued = session.scalars(
             select(Call.id).where(Call.function == row.function, Call.status == "queued")
         ).all()
+        _paid_cold_start(session, row, list(queued))
         for call_id in queued:
             error = f"replica failed to start: {reason}"
             calls.finalize(
-                session, metrics, now, call_id, "failed", error=error, from_states=("queued",)
+                session,
+                metrics,
+                now,
+                call_id,
+                "failed",
+                error=error,
+                from_states=("queued",),
+                fault="function",
             )
             touched.append(call_id)
     return touched
+
+
+def _paid_cold_start(session: Session, row: Replica, call_ids: list[str]) -> None:
+    """Calls that waited for ``row``, which failed before it was ready: they paid a
+    cold start, so they are cold, with its phases as far as it got."""
+    if not call_ids:
+        return
+    session.execute(
+        update(Call)
+        .where(Call.id.in_(call_ids), Call.status == "queued")
+        .values(cold=True, phases_json=json.dumps(coldstart.replica_phases(row)))
+        .execution_options(synchronize_session=False)
+    )
 
 
 def _other_live(session: Session, row: Replica) -> bool:

@@ -157,13 +157,16 @@ def all_function_stats(session: Session, window: int = DEFAULT_WINDOW) -> list[F
     return [function_stats(session, n, window) for n in names]
 
 
-def recent_calls(session: Session, name: str, limit: int = 100) -> list[CallView]:
-    """The function's latest calls, newest first (at most ``MAX_RECENT_CALLS``)."""
+def recent_calls(
+    session: Session, name: str, limit: int = 100, owner_key_id: str | None = None
+) -> list[CallView]:
+    """The function's latest calls, newest first (at most ``MAX_RECENT_CALLS``); only
+    those made by ``owner_key_id`` when given (``services.call_access``)."""
     _function(session, name)
+    query = select(Call).where(Call.function == name)
+    if owner_key_id is not None:
+        query = query.where(Call.api_key_id == owner_key_id)
     rows = session.scalars(
-        select(Call)
-        .where(Call.function == name)
-        .order_by(Call.accepted_at.desc())
-        .limit(max(1, min(limit, MAX_RECENT_CALLS)))
+        query.order_by(Call.accepted_at.desc()).limit(max(1, min(limit, MAX_RECENT_CALLS)))
     ).all()
     return [view(r) for r in rows]

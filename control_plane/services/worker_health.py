@@ -11,6 +11,18 @@ outcome closes the breaker (it succeeded) or opens it again for another
 one, so it proves what matters (this worker can run this function's calls);
 at most one call per interval is risked on a broken worker.
 
+Only outcomes that say something about the worker are judged: a call that
+succeeded, and a call that failed because its replica died or stopped
+answering (``Call.fault`` "replica"). A function's own exceptions, its
+timeouts and its failed ``setup`` are the caller's or the function's and are
+not counted, so no caller can open a worker's breaker with bad input.
+
+A breaker has a way back that does not need what it blocks: a half-open
+worker with no replica of a function may still be given one when no closed
+worker can take it (``without_open``), and that replica's first call is the
+probe. Without it, a function scaled to zero on its only worker would stay
+locked out.
+
 The state is derived from the worker's newest finished calls in the database
 and kept nowhere else, so every control-plane process reaches the same
 verdict. ``breaker_state`` is the pure decision; ``states`` reads its inputs.
@@ -23,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call, Replica, Worker
@@ -31,8 +43,6 @@ from control_plane.services.scheduler import WorkerSnapshot
 from control_plane.services.states import IN_FLIGHT_CALL_STATES
 
 BreakerState = Literal["closed", "open", "half_open"]
-# Outcomes that say something about the worker (cancelled and expired do not).
-_JUDGED = ("succeeded", "failed", "timeout")
 
 
 @dataclass(frozen=True)
@@ -72,7 +82,7 @@ def states(
         on_worker = select(Replica.id).where(Replica.worker_id == worker_id)
         rows = session.execute(
             select(Call.status, Call.finished_at)
-            .where(Call.replica_id.in_(on_worker), Call.status.in_(_JUDGED))
+            .where(Call.replica_id.in_(on_worker), _judged())
             .order_by(Call.finished_at.desc())
             .limit(threshold)
         ).all()
@@ -88,12 +98,22 @@ def states(
     return out
 
 
+def _judged() -> ColumnElement[bool]:
+    """Outcomes that say something about the worker (see the module docstring)."""
+    return or_(Call.status == "succeeded", and_(Call.status == "failed", Call.fault == "replica"))
+
+
 def without_open(
-    snapshots: list[WorkerSnapshot], breakers: dict[str, BreakerState]
+    snapshots: list[WorkerSnapshot],
+    breakers: dict[str, BreakerState],
+    probing: bool = False,
 ) -> list[WorkerSnapshot]:
     """The scheduler's view with every worker whose breaker is not closed unhealthy
-    (no new replicas there until a probe passes)."""
-    return [replace(w, healthy=False) if w.id in breakers else w for w in snapshots]
+    (no new replicas there until a probe passes); with ``probing``, half-open ones
+    stay eligible (the caller found no closed worker, and a replica there is the
+    probe)."""
+    blocked = {w for w, s in breakers.items() if s == "open" or not probing}
+    return [replace(w, healthy=False) if w.id in blocked else w for w in snapshots]
 
 
 class BreakerCache:

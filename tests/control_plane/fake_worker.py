@@ -153,7 +153,7 @@ class FakeWorker:
             return
         if self.fail_start is not None:
             self.replicas[msg.replica_id] = "failed"
-            ev = ReplicaEvent(state="failed", error=self.fail_start)
+            ev = ReplicaEvent(state="failed", error=self.fail_start, fault="function")
             self._replica_event(msg.replica_id, ev)
             return
         phases = {

@@ -106,7 +106,10 @@ def test_deploy_invoke_show_rollback_rm(cp: ControlPlane, code_dir: Path) -> Non
     r = runner.invoke(app, ["deploy", str(code_dir)], env=env)
     assert r.exit_code == 0, r.output
     assert "deployed hello version 1" in r.output
-    assert runner.invoke(app, ["deploy", str(code_dir)], env=env).exit_code == 0
+    # Changed code makes version 2 (the same code again would keep version 1).
+    (code_dir / "app.py").write_text((code_dir / "app.py").read_text() + "# v2\n")
+    r = runner.invoke(app, ["deploy", str(code_dir)], env=env)
+    assert r.exit_code == 0 and "version 2" in r.output, r.output
     r = runner.invoke(app, ["functions", "ls"], env=env)
     assert "hello" in r.output
     r = runner.invoke(app, ["invoke", "hello", "--data", '{"a": 1}'], env=env)
@@ -128,6 +131,25 @@ def test_deploy_invoke_show_rollback_rm(cp: ControlPlane, code_dir: Path) -> Non
     assert runner.invoke(app, ["functions", "rm", "hello"], env=env).exit_code == 0
     r = runner.invoke(app, ["functions", "show", "hello"], env=env)
     assert r.exit_code == 2 and "404" in r.output
+
+
+def test_calls_commands_show_a_key_only_its_own_calls(cp: ControlPlane, code_dir: Path) -> None:
+    cp.worker()
+    assert runner.invoke(app, ["deploy", str(code_dir)], env=_env(cp)).exit_code == 0
+    owner, other = _env(cp, cp.key("invoke")), _env(cp, cp.key("invoke"))
+    r = runner.invoke(app, ["invoke", "hello", "--data", '{"sleep_s": 5}', "--async"], env=owner)
+    call_id = r.output.strip()
+    assert call_id in runner.invoke(app, ["calls", "ls"], env=owner).output
+    assert (
+        call_id in runner.invoke(app, ["calls", "ls", "--function", "hello"], env=_env(cp)).output
+    )
+    assert call_id not in runner.invoke(app, ["calls", "ls"], env=other).output
+    for command in ("show", "cancel"):
+        r = runner.invoke(app, ["calls", command, call_id], env=other)
+        assert r.exit_code == 2
+        assert r.output.strip() == f"error: 404: no call '{call_id}'"
+    r = runner.invoke(app, ["calls", "cancel", call_id], env=owner)
+    assert r.exit_code == 0 and '"cancelled"' in r.output
 
 
 def test_keys_commands_and_errors(cp: ControlPlane, tmp_path: Path) -> None:

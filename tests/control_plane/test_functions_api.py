@@ -23,6 +23,17 @@ def test_deploy_show_list_versions_and_rollback(cp: ControlPlane) -> None:
         assert c.delete("/v1/functions/echo").status_code == 404
 
 
+def test_deploying_the_same_code_and_spec_again_makes_no_new_version(cp: ControlPlane) -> None:
+    assert cp.deploy("same")["version"] == 1
+    again = cp.deploy("same")
+    assert again["version"] == 1 and again["versions"] == [1]
+    changed = cp.deploy("same", timeout_s=20)
+    assert changed["version"] == 2 and changed["versions"] == [1, 2]
+    assert cp.deploy("same", timeout_s=20)["versions"] == [1, 2]
+    # The same as an older version (not the active one) is a new version, not a rollback.
+    assert cp.deploy("same")["versions"] == [1, 2, 3]
+
+
 def test_spec_naming_missing_model_or_adapter_is_400_naming_it(cp: ControlPlane) -> None:
     with cp.client() as c:
         r = c.post("/v1/functions", json=cp.spec(model="nosuch-model:v1"))

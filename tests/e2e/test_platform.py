@@ -170,7 +170,7 @@ def test_failure_is_reported_and_the_replica_stays(stack: Stack, e2e_store: E2ES
     assert after.json()["output"]["pid"] == ok.json()["output"]["pid"]
 
 
-def test_timeout_kills_the_replica_and_a_new_one_serves(
+def test_timeout_ends_that_call_and_the_replica_serves_on(
     stack: Stack, e2e_store: E2EStore, tmp_path: Path
 ) -> None:
     spec = probe_spec(
@@ -182,15 +182,15 @@ def test_timeout_kills_the_replica_and_a_new_one_serves(
     )
     stack.deploy(spec)
     first_pid = int(wait_for(lambda: _one_pid(tmp_path), "the warm replica's pid file"))
-    slow = invoke(stack, "probe-timeout", {"input": {"sleep_s": 60}})
+    slow = invoke(stack, "probe-timeout", {"input": {"sleep_s": 8}})
     assert slow.status_code == 504, slow.text
     assert stack.call(slow.json()["call_id"])["status"] == "timeout"
-    wait_for(lambda: not pid_alive(first_pid), "the timed-out replica to be killed", 30)
-    # min_replicas=1: the control plane starts a replacement; call it once it is up.
-    wait_for(lambda: len(list(tmp_path.iterdir())) == 2, "a replacement replica", 60)
+    # Cancelled in its replica, which is not killed: the next call is served there
+    # (once the cancelled call's sleep, native code, returns and frees its slot).
     after = invoke(stack, "probe-timeout", {"input": {}})
     assert after.status_code == 200, f"{after.text}\n{stack.logs()}"
-    assert after.json()["output"]["pid"] != first_pid
+    assert after.json()["output"]["pid"] == first_pid and pid_alive(first_pid)
+    assert len(list(tmp_path.iterdir())) == 1  # no replacement was started
 
 
 def _one_pid(directory: Path) -> str | None:

@@ -1,8 +1,10 @@
-"""A worker that heartbeats but fails every call (item 15): after
-``THAW_WORKER_FAILURE_THRESHOLD`` failures in a row it gets no new calls or
-replicas, only one probe call per ``THAW_WORKER_PROBE_INTERVAL_S``; once a
-probe passes it serves again (shown by killing the healthy worker). The
-decision is ``services.worker_health``."""
+"""A worker that heartbeats but whose replicas die under every call (item 15):
+after ``THAW_WORKER_FAILURE_THRESHOLD`` such failures in a row (the replica's
+fault, final with ``retries = 0``) it gets no new calls or replicas, and once
+``THAW_WORKER_PROBE_INTERVAL_S`` has passed it is given a probe replica only
+when no closed worker can take one; once a probe passes it serves again. The
+decision is ``services.worker_health``; a function's own exceptions do not count
+(``test_isolation.py``)."""
 
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ def _outcomes(stack: FaultStack, worker: str) -> list[str]:
 
 
 # Async calls go through the queue; synchronous warm ones take the fast path
-# (services.direct_calls), which must honour the breaker too.
+# (services.direct_calls), whose failures must count and which must honour the
+# breaker too.
 @pytest.mark.parametrize("sync", [False, True], ids=["queued", "direct"])
 def test_failing_worker_gets_no_calls_until_a_probe_passes(
     tmp_path: Path, chaos_store: E2EStore, sync: bool
@@ -45,19 +48,20 @@ def test_failing_worker_gets_no_calls_until_a_probe_passes(
         "THAW_WORKER_PROBE_INTERVAL_S": str(PROBE_INTERVAL_S),
     }
     with fault_stack("embedded", tmp_path, chaos_store, workers=0, **env) as stack:
-        stack.add_worker(CHAOS_BROKEN_FILE=str(broken))  # w1: heartbeats fine, fails calls
+        stack.add_worker(CHAOS_BROKEN_FILE=str(broken))  # w1: heartbeats fine, replicas die
         scaling = {"min_replicas": 1, "max_replicas": 2, "idle_timeout_s": 300}
         stack.deploy(chaos_spec(chaos_store, "fragile", retries=0, scaling=scaling))
         wait_for(lambda: _ready_on(stack, "w1"), "a replica on the broken worker", 60)
-        stack.add_worker()  # w2: healthy
         with Prober(stack, "fragile", every_s=0.3, sync=sync) as prober:
+            # Alone, w1 gets each new replica until its breaker opens.
             wait_for(lambda: _outcomes(stack, "w1").count("failed") >= THRESHOLD, "failures")
             broken_since = time.monotonic()
+            stack.add_worker()  # w2: healthy, takes the replicas from now on
             wait_for(lambda: _outcomes(stack, "w2").count("succeeded") >= 15, "w2 to serve", 90)
             broken.unlink()  # repaired: the next probe passes
             broken_s = time.monotonic() - broken_since
-            wait_for(lambda: "succeeded" in _outcomes(stack, "w1"), "a probe to pass", 60)
-            # Closed again: with w2 gone, w1 takes the calls.
+            # With w2 gone, w1 (half-open) gets a probe replica; its first call closes
+            # the breaker and w1 takes the calls.
             sigkill(proc_named(stack, "w2"))
             wait_for(lambda: _outcomes(stack, "w1").count("succeeded") >= 4, "w1 back", 60)
         check_ledger(stack, prober.accepted)
@@ -68,6 +72,14 @@ def test_failing_worker_gets_no_calls_until_a_probe_passes(
         probes_at_most = math.ceil(broken_s / PROBE_INTERVAL_S) + 1
         assert first_success <= THRESHOLD + probes_at_most, (on_w1, broken_s)
         assert _outcomes(stack, "w2").count("succeeded") >= 15
+        faults = {f for (f,) in db_rows(stack, _W1_FAULTS, w="w1")}
+        assert faults == {"replica"}, faults
+
+
+_W1_FAULTS = (
+    "SELECT c.fault FROM calls c JOIN replicas r ON r.id = c.replica_id "
+    "JOIN workers w ON w.id = r.worker_id WHERE w.name = :w AND c.status = 'failed'"
+)
 
 
 def _ready_on(stack: FaultStack, worker: str) -> bool:

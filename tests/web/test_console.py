@@ -60,7 +60,9 @@ def series_total_js(label: str, total: int) -> str:
 
 def deploy_via_api(platform: Platform, name: str, again: bool = False) -> None:
     """Deploy the streamer bundle as ``name`` through the REST API (setup for a test);
-    ``again`` deploys a new version even when the function exists."""
+    ``again`` deploys a new version even when the function exists: its spec differs
+    (an environment variable), since a deploy that repeats the serving version makes
+    none."""
     folder = BUNDLES / "streamer"
     files = [("files", (p.name, p.read_bytes())) for p in sorted(folder.iterdir())]
     paths = [f"streamer/{p.name}" for p in sorted(folder.iterdir())]
@@ -74,6 +76,8 @@ def deploy_via_api(platform: Platform, name: str, again: bool = False) -> None:
         )
         assert r.status_code == 201, r.text
         spec = {**r.json()["spec"], "name": name, "bundle": r.json()["digest"]}
+        if again:
+            spec["env"] = {**(spec.get("env") or {}), "DEPLOY": "again"}
         assert c.post("/v1/functions", json=spec).status_code == 201
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,21 +116,75 @@ def test_non_json_result_fails_the_call(flaky: tuple[ProcessReplica, Exits]) -> 
     assert failed.kind == "failed" and "not JSON" in (failed.error or "")
 
 
-def test_timeout_kills_the_replica_and_fails_other_calls(
+def test_timeout_cancels_that_call_only_and_the_replica_serves_on(
     flaky: tuple[ProcessReplica, Exits],
 ) -> None:
     replica, exits = flaky
     other: list[CallUpdate] = []
-    slow = threading.Thread(target=lambda: other.extend(run(replica, "c0", {"sleep_s": 60})))
+    slow = threading.Thread(target=lambda: other.extend(run(replica, "c0", {"sleep_s": 2})))
     slow.start()
-    [timed_out] = run(replica, "c1", {"sleep_s": 60}, timeout_s=0.5)
-    slow.join(timeout=10)
+    [timed_out] = run(replica, "c1", {"spin_s": 600}, timeout_s=0.5)
+    slow.join(timeout=30)
     assert timed_out.kind == "timeout" and "0.5 s timeout" in (timed_out.error or "")
-    assert [u.kind for u in other] == ["failed"]
-    assert exits.event.wait(10)
-    assert exits.calls[0][0] == "r1" and "timeout" in exits.calls[0][1]
-    assert not replica.alive
-    assert process_gone(replica)
+    assert "serves on" in (timed_out.error or "")
+    assert [(u.kind, u.output) for u in other] == [("succeeded", "ok")]
+    [after] = run(replica, "c2", {})
+    assert (after.kind, after.output) == ("succeeded", "ok")
+    # The cancelled call's thread stopped (its slot is free), and nothing died.
+    assert wait_until(lambda: replica.outstanding_calls == 0)
+    assert replica.alive and exits.calls == []
+
+
+def test_a_replica_that_stops_answering_is_killed_and_its_calls_fail_as_its_fault() -> None:
+    runtime = ProcessRuntime(ProcessPool(), answer_timeout_s=1.0)
+    exits = Exits()
+    replica = runtime.start(spec("basic:Flaky"), exits)
+    try:
+        other: list[CallUpdate] = []
+        slow = threading.Thread(target=lambda: other.extend(run(replica, "c0", {"sleep_s": 60})))
+        slow.start()
+        [timed_out] = run(replica, "c1", {"hold_gil": True}, timeout_s=0.5)
+        slow.join(timeout=30)
+        assert timed_out.kind == "timeout"
+        [died] = other
+        assert (died.kind, died.fault, died.not_run) == ("failed", "replica", False)
+        assert "stopped answering" in (died.error or "")
+        assert exits.event.wait(10) and "stopped answering" in exits.calls[0][1]
+        assert process_gone(replica)
+    finally:
+        replica.stop()
+        runtime.close()
+
+
+def test_calls_waiting_for_a_slot_when_the_replica_dies_were_not_run(
+    runtime: ProcessRuntime,
+) -> None:
+    exits = Exits()
+    replica = runtime.start(spec("basic:Flaky", max_concurrent_calls=1), exits)
+    try:
+        ran: list[CallUpdate] = []
+        waited: list[CallUpdate] = []
+        first = threading.Thread(target=lambda: ran.extend(run(replica, "c0", {"sleep_s": 60})))
+        first.start()
+        assert wait_until(lambda: replica.outstanding_calls == 1)
+        second = threading.Thread(target=lambda: waited.extend(run(replica, "c1", {})))
+        second.start()
+        replica.kill("killed by the test")
+        first.join(timeout=30)
+        second.join(timeout=30)
+        assert [(u.kind, u.fault, u.not_run) for u in ran] == [("failed", "replica", False)]
+        assert [(u.kind, u.fault, u.not_run) for u in waited] == [("failed", "replica", True)]
+    finally:
+        replica.stop()
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
 
 
 def test_death_is_reported_once_and_fails_the_call(flaky: tuple[ProcessReplica, Exits]) -> None:

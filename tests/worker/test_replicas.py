@@ -173,16 +173,35 @@ def test_failing_setup_reports_failed_with_error(setup: tuple[ReplicaManager, Re
     assert manager.reports() == []
 
 
-def test_timeout_ends_call_and_reports_replica_failed(
+def test_timeout_ends_that_call_and_the_replica_serves_on(
     setup: tuple[ReplicaManager, Recorder],
 ) -> None:
     manager, recorder = setup
     start(manager, "basic:Flaky")
-    manager.run_call(call("c1", {"sleep_s": 30}, timeout_s=0.3))
+    manager.run_call(call("c1", {"spin_s": 30}, timeout_s=0.3))
     assert kinds(recorder, "c1") == ["started", "timeout"]
-    events = recorder.wait_for("/v1/replicas/r1/", lambda e: e["state"] == "failed")
-    assert "timeout" in events[-1]["error"]
-    assert manager.reports() == []
+    manager.run_call(call("c2", {}))
+    assert kinds(recorder, "c2") == ["started", "succeeded"]
+    assert [r.state for r in manager.reports()] == ["ready"]
+    assert not [
+        e
+        for e in recorder.posts
+        if e[0].startswith("/v1/replicas/r1/") and e[1]["state"] == "failed"
+    ]
+
+
+def test_a_cancel_stops_the_call_in_its_replica(setup: tuple[ReplicaManager, Recorder]) -> None:
+    manager, recorder = setup
+    start(manager, "basic:Flaky")
+    t = threading.Thread(target=manager.run_call, args=(call("c1", {"spin_s": 600}),))
+    t.start()
+    recorder.wait_for("/v1/calls/c1/", lambda e: e["kind"] == "started")
+    manager.cancel(["c1"])
+    t.join(timeout=30)
+    assert not t.is_alive()  # stopped in the replica, not left to run its 600 s
+    assert kinds(recorder, "c1") == ["started", "cancelled"]
+    manager.run_call(call("c2", {}))
+    assert kinds(recorder, "c2") == ["started", "succeeded"]
 
 
 def test_cancel_ends_a_streaming_call_as_cancelled(setup: tuple[ReplicaManager, Recorder]) -> None:

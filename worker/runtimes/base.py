@@ -12,9 +12,10 @@ Guarantees every implementation keeps:
 - ``ReplicaHandle.call`` yields zero or more ``output`` updates, then
   exactly one final update (``succeeded``, ``failed`` or ``timeout``), and
   never raises for anything the function or its process did.
-- A call past its deadline kills the replica (its process can be stuck in
-  native code that no signal short of kill stops); the call ends as
-  ``timeout`` and every other call on that replica as ``failed``.
+- A call past its deadline ends as ``timeout`` and is cancelled in the
+  replica; the replica and its other calls go on. A replica is killed only
+  when it stops answering; its calls then end ``failed`` with ``fault``
+  ``"replica"`` (``not_run`` for those it never started).
 - When a replica dies other than through ``stop``, ``on_exit(replica_id,
   reason)`` is called once, from a runtime thread.
 """
@@ -30,15 +31,25 @@ from worker.child_protocol import LoadStats, ReplicaSpec
 
 # "cancelled" is decided by the agent; a runtime never yields it.
 UpdateKind = Literal["output", "succeeded", "failed", "timeout", "cancelled"]
+
 OnExit = Callable[[str, str], None]
+# Whose failure a failed call or start is (``protocol.CallEvent.fault``).
+Fault = Literal["function", "replica"]
 
 
 class ReplicaStartError(Exception):
-    """A replica could not be started; ``phases_ms`` holds what was measured."""
+    """A replica could not be started; ``phases_ms`` holds what was measured.
+    ``fault`` "function": the function's own start failed (its code, ``setup`` or
+    artifacts), which any replica of it would repeat; "replica": this replica's
+    process did (it could not be spawned, or died), which says something about
+    the worker."""
 
-    def __init__(self, message: str, phases_ms: dict[str, float] | None = None) -> None:
+    def __init__(
+        self, message: str, phases_ms: dict[str, float] | None = None, fault: Fault = "replica"
+    ) -> None:
         super().__init__(message)
         self.phases_ms = phases_ms or {}
+        self.fault: Fault = fault
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,8 @@ class CallUpdate:
     loaded_adapters: list[str] | None = None  # what the replica holds after the call
     batch_size: int | None = None  # batched functions: calls in this call's batch
     batch_index: int | None = None  # and its place in the batch
+    fault: Fault | None = None  # failed: the function's doing, or its replica's
+    not_run: bool = False  # failed before the replica started it
 
     @property
     def final(self) -> bool:
@@ -85,6 +98,11 @@ class ReplicaHandle(abc.ABC):
     @abc.abstractmethod
     def kill(self, reason: str) -> None:
         """Kill the replica now; outstanding calls end as failed with ``reason``."""
+
+    def cancel(self, call_id: str) -> None:
+        """Stop one running call (its ``call`` then ends); default: nothing, the call
+        runs to its end."""
+        return None
 
     @property
     @abc.abstractmethod

@@ -12,23 +12,41 @@ A replica is in one of three states::
 
 When it reaches ``dead`` every outstanding call is woken with a failure,
 and, unless ``stop`` was the cause, ``on_exit`` is called once.
+
+A call's deadline ends that call only::
+
+    sent ──(deadline)──▶ timeout reported ──▶ cancel + ping sent to the child
+                                                 │ pong within answer_timeout_s: it serves on;
+                                                 │   the call's slot is free once the child
+                                                 │   says the call ended
+                                                 └ no pong: killed (it stopped answering);
+                                                   its other calls fail as the replica's fault
+
+Calls beyond the function's target concurrency wait here for a slot, not in
+the child, so a call the replica dies before it was sent is known never to
+have started (``not_run``: the control plane runs it again without spending
+a retry).
 """
 
 from __future__ import annotations
 
+import itertools
 import queue
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from worker.child_protocol import (
     FROM_CHILD,
     CallEnd,
     CallError,
     CallMsg,
+    CancelCall,
     Output,
+    Ping,
+    Pong,
     Ready,
     ReplicaSpec,
     Result,
@@ -42,6 +60,7 @@ from worker.pool import GenericProcess, ProcessPool, SpawnError
 from worker.runtimes.base import (
     CallRequest,
     CallUpdate,
+    Fault,
     OnExit,
     ReplicaHandle,
     ReplicaStartError,
@@ -50,11 +69,21 @@ from worker.runtimes.base import (
 
 _DEAD = object()  # queue sentinel: the replica is gone
 GENERIC_PHASES = ("process_start", "imports", "device_init")
+# How long a replica has to answer a ping (sent with every cancel) before it is
+# taken for hung and killed (Settings: THAW_REPLICA_ANSWER_TIMEOUT_S).
+ANSWER_TIMEOUT_S = 10.0
 
 
 class ProcessRuntime(Runtime):
-    def __init__(self, pool: ProcessPool | None = None, *, log: IO[bytes] | None = None) -> None:
+    def __init__(
+        self,
+        pool: ProcessPool | None = None,
+        *,
+        log: IO[bytes] | None = None,
+        answer_timeout_s: float = ANSWER_TIMEOUT_S,
+    ) -> None:
         self.pool = pool or ProcessPool(log=log)
+        self.answer_timeout_s = answer_timeout_s
 
     def start(self, spec: ReplicaSpec, on_exit: OnExit) -> ProcessReplica:
         t0 = time.perf_counter()
@@ -65,7 +94,7 @@ class ProcessRuntime(Runtime):
         phases = {"pool_acquire": (time.perf_counter() - t0) * 1000 if warm else 0.0}
         for name in GENERIC_PHASES:
             phases[name] = 0.0 if warm else generic.phases_ms.get(name, 0.0)
-        replica = ProcessReplica(spec.replica_id, generic, on_exit)
+        replica = ProcessReplica(spec.replica_id, generic, on_exit, self.answer_timeout_s)
         try:
             replica.specialize(spec, phases)
             self.pool.note_start(spec.device, replica.loads, replica.imports)
@@ -86,15 +115,28 @@ class ProcessRuntime(Runtime):
 
 
 class ProcessReplica(ReplicaHandle):
-    def __init__(self, replica_id: str, process: GenericProcess, on_exit: OnExit) -> None:
+    def __init__(
+        self,
+        replica_id: str,
+        process: GenericProcess,
+        on_exit: OnExit,
+        answer_timeout_s: float = ANSWER_TIMEOUT_S,
+    ) -> None:
         self.replica_id = replica_id
         self.process = process
         self.phases_ms: dict[str, float] = {}
         self.imports: list[str] = []  # library modules its start imported
+        self.answer_timeout_s = answer_timeout_s
         self._on_exit = on_exit
         self._lock = threading.Lock()
         # A call's inbox: a SimpleQueue, made per call at a fraction of a Queue's cost.
         self._calls: dict[str, queue.SimpleQueue[object]] = {}
+        # Calls whose deadline passed, until the child says they ended: they keep
+        # their slot meanwhile (their thread there may still run).
+        self._cancelling: set[str] = set()
+        self._slots: Slots | None = None  # the function's target concurrency, if any
+        self._pings: dict[int, threading.Timer] = {}  # seq -> the kill if no pong comes
+        self._ping_seq = itertools.count(1)
         self._control: queue.Queue[object] = queue.Queue()
         self._state = "running"
         self._death_reason = ""
@@ -105,6 +147,8 @@ class ProcessReplica(ReplicaHandle):
     def specialize(self, spec: ReplicaSpec, phases_ms: dict[str, float]) -> None:
         """Send ``specialize`` and wait for the answer; raise ``ReplicaStartError``."""
         self.phases_ms = dict(phases_ms)
+        if spec.max_concurrent_calls is not None and spec.max_batch_size is None:
+            self._slots = Slots(spec.max_concurrent_calls)
         try:
             self.process.conn.send(dump(Specialize(spec=spec)))
         except OSError as exc:
@@ -117,31 +161,57 @@ class ProcessReplica(ReplicaHandle):
             return
         if isinstance(msg, SetupFailed):
             _merge(self.phases_ms, msg.phases_ms)
-            self._fail_start(msg.error)
+            self._fail_start(msg.error, "function")
         self._fail_start(f"the replica process exited during start: {self._death_reason}")
 
-    def _fail_start(self, error: str) -> None:
+    def _fail_start(self, error: str, fault: Fault = "replica") -> None:
         with self._lock:
             self._state = "stopping"  # a failed start is not an unexpected exit
         self.process.kill()
-        raise ReplicaStartError(error, self.phases_ms)
+        raise ReplicaStartError(error, self.phases_ms, fault)
 
     # --- calls -------------------------------------------------------------
     def call(self, request: CallRequest) -> Iterator[CallUpdate]:
+        deadline = time.monotonic() + request.timeout_s
+        waited = self._slots.take(deadline) if self._slots is not None else "ok"
+        if waited != "ok":
+            yield self._never_sent(request, waited)
+            return
         inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         with self._lock:
             if self._state != "running":
-                yield CallUpdate("failed", error=f"replica {self.replica_id} is not running")
+                self._release_slot()
+                yield self._never_sent(request, "dead")
                 return
             self._calls[request.call_id] = inbox
+        last: CallUpdate | None = None
         try:
-            yield from self._exchange(request, inbox)
+            for last in self._exchange(request, inbox, deadline):
+                yield last
         finally:
+            # Past its deadline, or abandoned by the caller: the child may still run it.
+            running = last is None or last.kind in ("output", "timeout")
             with self._lock:
                 self._calls.pop(request.call_id, None)
+                if running:  # its slot is freed when the child says it ended
+                    self._cancelling.add(request.call_id)
+            if running:
+                self.cancel(request.call_id)
+            else:
+                self._release_slot()
+
+    def _never_sent(self, request: CallRequest, why: Literal["timeout", "dead"]) -> CallUpdate:
+        if why == "timeout":
+            error = (
+                f"call {request.call_id} waited its whole {request.timeout_s:g} s timeout "
+                f"for a free slot on replica {self.replica_id}"
+            )
+            return CallUpdate("timeout", error=error)
+        error = f"replica {self.replica_id} is not running: {self._death_reason or 'stopped'}"
+        return CallUpdate("failed", error=error, fault="replica", not_run=True)
 
     def _exchange(
-        self, request: CallRequest, inbox: queue.SimpleQueue[object]
+        self, request: CallRequest, inbox: queue.SimpleQueue[object], deadline: float
     ) -> Iterator[CallUpdate]:
         msg = CallMsg(
             call_id=request.call_id,
@@ -153,28 +223,56 @@ class ProcessReplica(ReplicaHandle):
         try:
             self.process.conn.send(dump(msg))
         except (OSError, FrameError) as exc:
-            yield CallUpdate("failed", error=f"could not send the call to the replica: {exc}")
+            error = f"could not send the call to the replica: {exc}"
+            yield CallUpdate("failed", error=error, fault="replica", not_run=True)
             return
-        deadline = time.monotonic() + request.timeout_s
         while True:
             try:
                 item = inbox.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                reason = (
-                    f"call {request.call_id} ran past its {request.timeout_s:g} s timeout; "
-                    f"replica {self.replica_id} was killed"
+                error = (
+                    f"call {request.call_id} ran past its {request.timeout_s:g} s timeout "
+                    f"and was cancelled; replica {self.replica_id} serves on"
                 )
-                # Killed once the timeout is reported: killed first, the replica's death
-                # could reach the control plane before it and end this call as failed.
-                try:
-                    yield CallUpdate("timeout", error=reason)
-                finally:
-                    self.kill(reason)
+                # Cancelled (by ``call``) once the timeout is reported, so the child's
+                # answer to the cancel cannot reach the control plane first.
+                yield CallUpdate("timeout", error=error)
                 return
             update = _to_update(item, self._death_reason)
             yield update
             if update.final:
                 return
+
+    def cancel(self, call_id: str) -> None:
+        """Stop ``call_id`` in the child (``worker.call_cancel``); the replica and its other
+        calls go on. It must still answer: no pong in ``answer_timeout_s`` kills it."""
+        seq = next(self._ping_seq)
+        reason = (
+            f"replica {self.replica_id} stopped answering: no reply within "
+            f"{self.answer_timeout_s:g} s after call {call_id} was cancelled"
+        )
+        timer = threading.Timer(self.answer_timeout_s, self._unanswered, (seq, reason))
+        timer.daemon = True
+        with self._lock:
+            if self._state != "running":
+                return
+            self._pings[seq] = timer
+        timer.start()
+        try:
+            self.process.conn.send(dump(CancelCall(call_id=call_id)))
+            self.process.conn.send(dump(Ping(seq=seq)))
+        except (OSError, FrameError):
+            pass  # gone already: the reader sees it
+
+    def _unanswered(self, seq: int, reason: str) -> None:
+        with self._lock:
+            if self._pings.pop(seq, None) is None:
+                return  # answered just now
+        self.kill(reason)
+
+    def _release_slot(self) -> None:
+        if self._slots is not None:
+            self._slots.give()
 
     # --- life --------------------------------------------------------------
     @property
@@ -185,7 +283,7 @@ class ProcessReplica(ReplicaHandle):
     @property
     def outstanding_calls(self) -> int:
         with self._lock:
-            return len(self._calls)
+            return len(self._calls) + len(self._cancelling)
 
     def stop(self, grace_s: float = 5.0) -> None:
         with self._lock:
@@ -216,13 +314,26 @@ class ProcessReplica(ReplicaHandle):
             except (FrameError, OSError, ValueError):
                 break
             if isinstance(msg, Output | Result | CallError):
+                self._route(msg)
+            elif isinstance(msg, Pong):
                 with self._lock:
-                    inbox = self._calls.get(msg.call_id)
-                if inbox is not None:
-                    inbox.put(msg)  # a call that already timed out is dropped
+                    timer = self._pings.pop(msg.seq, None)
+                if timer is not None:
+                    timer.cancel()
             else:
                 self._control.put(msg)
         self._on_dead()
+
+    def _route(self, msg: Output | Result | CallError) -> None:
+        """To the call's inbox; the end of a cancelled call frees its slot instead."""
+        with self._lock:
+            inbox = self._calls.get(msg.call_id)
+            freed = not isinstance(msg, Output) and msg.call_id in self._cancelling
+            self._cancelling.discard(msg.call_id)
+        if inbox is not None:
+            inbox.put(msg)
+        elif freed:
+            self._release_slot()
 
     def _on_dead(self) -> None:
         code = self.process.proc.wait()
@@ -233,8 +344,14 @@ class ProcessReplica(ReplicaHandle):
             if not self._death_reason:
                 self._death_reason = f"the replica process exited with code {code}"
             inboxes = list(self._calls.values())
+            timers = list(self._pings.values())
+            self._pings.clear()
+        for timer in timers:
+            timer.cancel()
         for inbox in inboxes:
             inbox.put(_DEAD)
+        if self._slots is not None:
+            self._slots.close()  # calls waiting for one were never sent: not run
         self._control.put(_DEAD)
         if unexpected:
             self._on_exit(self.replica_id, self._death_reason)
@@ -249,8 +366,42 @@ def _to_update(item: object, death_reason: str) -> CallUpdate:
         ended: dict[str, Any] = {f: getattr(item, f) for f in fields}
         if isinstance(item, Result):
             return CallUpdate("succeeded", output=item.output, **ended)
-        return CallUpdate("failed", error=item.error, **ended)
-    return CallUpdate("failed", error=f"the replica died during the call: {death_reason}")
+        return CallUpdate("failed", error=item.error, fault="function", **ended)
+    error = f"the replica died during the call: {death_reason}"
+    return CallUpdate("failed", error=error, fault="replica")
+
+
+class Slots:
+    """The calls a replica runs at once (its function's target concurrency); the
+    rest wait here. Closed when the replica dies: waiters learn it at once."""
+
+    def __init__(self, size: int) -> None:
+        self._free = size
+        self._closed = False
+        self._cond = threading.Condition()
+
+    def take(self, deadline: float) -> Literal["ok", "timeout", "dead"]:
+        """Wait (up to ``deadline``, ``time.monotonic()``) for a slot."""
+        with self._cond:
+            while self._free <= 0 and not self._closed:
+                left_s = deadline - time.monotonic()
+                if left_s <= 0:
+                    return "timeout"
+                self._cond.wait(left_s)
+            if self._closed:
+                return "dead"
+            self._free -= 1
+            return "ok"
+
+    def give(self) -> None:
+        with self._cond:
+            self._free += 1
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
 
 def _merge(into: dict[str, float], phases_ms: dict[str, float]) -> None:

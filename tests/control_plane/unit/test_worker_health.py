@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from control_plane.services.worker_health import Outcome, breaker_state
+from control_plane.services.scheduler import WorkerSnapshot
+from control_plane.services.worker_health import (
+    BreakerState,
+    Outcome,
+    breaker_state,
+    without_open,
+)
 
 FAIL, OK = True, False
 
@@ -38,3 +44,17 @@ def test_a_failed_probe_opens_it_for_another_interval() -> None:
 
 def test_threshold_zero_is_off() -> None:
     assert breaker_state(outcomes(FAIL, FAIL, FAIL), 0, 30, now=500, in_flight=0) == "closed"
+
+
+def snapshot(worker_id: str) -> WorkerSnapshot:
+    return WorkerSnapshot(worker_id, True, frozenset({"cpu"}), 1 << 30, 0, 4)
+
+
+def test_open_and_half_open_workers_get_no_replica_unless_probing() -> None:
+    workers = [snapshot("closed"), snapshot("open"), snapshot("half")]
+    breakers: dict[str, BreakerState] = {"open": "open", "half": "half_open"}
+    healthy = {w.id for w in without_open(workers, breakers) if w.healthy}
+    assert healthy == {"closed"}
+    # No closed worker could take it: a half-open one may, its replica the probe.
+    probing = {w.id for w in without_open(workers, breakers, probing=True) if w.healthy}
+    assert probing == {"closed", "half"}

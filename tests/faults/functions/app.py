@@ -1,10 +1,14 @@
 """Functions the fault tests deploy (bundle pushed from this directory).
 
-``Chaos`` does what its input asks: sleep, crash its own process (segfault,
-abort, run out of memory under a limit), stream slowly, or answer; on a worker
-started with ``CHAOS_BROKEN_FILE`` it fails every call while that file exists. Every call
-appends its id to ``RUNS_DIR/<call id>`` when that variable is set, so a test
-counts real executions, not what the control plane believes.
+``Chaos`` does what its input asks: raise, sleep, spin in Python, crash its
+own process (segfault, abort, run out of memory under a limit), stream slowly,
+or answer; with ``ticks`` (a path) a sleep or spin appends a line there as it
+goes and ``done`` once finished, so a test sees whether a call was stopped. On a
+worker started with ``CHAOS_BROKEN_FILE`` every call kills its replica process
+while that file exists (a broken machine: the replica's fault, not the
+function's). Every call appends its id to ``RUNS_DIR/<call id>`` when that
+variable is set, so a test counts real executions, not what the control plane
+believes.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ def _record_run(call: Any) -> None:
 class Chaos:
     def setup(self, ctx: Any) -> None:
         self.replica_id = ctx.replica_id
+        if os.environ.get("SETUP_FAIL"):  # a cold start that fails
+            raise RuntimeError(f"setup failed: {os.environ['SETUP_FAIL']}")
         setup_sleep_s = float(os.environ.get("SETUP_SLEEP_S", "0"))
         time.sleep(setup_sleep_s)  # a cold start longer than a caller's deadline
         pid_dir = os.environ.get("PID_DIR")
@@ -37,11 +43,18 @@ class Chaos:
         _record_run(call)
         broken = os.environ.get("CHAOS_BROKEN_FILE")  # set on a worker: its machine is "broken"
         if broken and Path(broken).exists():
-            raise RuntimeError(f"this machine is broken: {Path(broken).read_text()}")
+            os._exit(70)  # this machine is broken: its replica dies under every call
         if not isinstance(input, dict):
             return {"pid": os.getpid(), "replica": self.replica_id, "input": input}
+        if input.get("raise"):
+            raise ValueError(f"bad input: {input['raise']}")
+        ticks = Path(input["ticks"]) if input.get("ticks") else None
         if input.get("sleep_s"):
+            _tick(ticks, "sleeping")
             time.sleep(float(input["sleep_s"]))
+        if input.get("spin_s"):
+            _spin(float(input["spin_s"]), ticks)
+        _tick(ticks, "done")
         crash = input.get("crash")
         if crash == "segfault":
             ctypes.string_at(0)  # reads address 0: SIGSEGV
@@ -57,6 +70,22 @@ class Chaos:
         for i in range(n):
             yield {"i": i, "pid": os.getpid()}
             time.sleep(every_s)
+
+
+def _tick(ticks: Path | None, line: str) -> None:
+    if ticks is not None:
+        with open(ticks, "a") as f:
+            f.write(line + "\n")
+
+
+def _spin(spin_s: float, ticks: Path | None) -> None:
+    """Busy in Python bytecode (never in native code) for ``spin_s``, ticking every 50 ms."""
+    end = time.monotonic() + spin_s
+    next_tick = 0.0
+    while (now := time.monotonic()) < end:
+        if now >= next_tick:
+            _tick(ticks, "spin")
+            next_tick = now + 0.05
 
 
 def _exhaust_memory(limit_bytes: int) -> None:

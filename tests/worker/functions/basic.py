@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from typing import Any
@@ -39,6 +40,12 @@ class Flaky:
             raise ValueError(f"asked to fail: {input['raise']}")
         if input.get("sleep_s"):
             time.sleep(float(input["sleep_s"]))
+        if input.get("spin_s"):  # busy in Python: a cancel stops it at once
+            end = time.monotonic() + float(input["spin_s"])
+            while time.monotonic() < end:
+                pass
+        if input.get("hold_gil"):  # stuck in C with the GIL held: the process stops answering
+            re.match(r"(a+)+$", "a" * 64 + "b")
         if input.get("exit"):
             os._exit(3)
         if input.get("not_json"):
