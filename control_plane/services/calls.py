@@ -455,6 +455,8 @@ def record_event(
     if ev.kind == "output":
         _add_output(session, metrics, now, row, ev.output, ev.seq)
         return False
+    if ev.kind == "failed" and (ev.not_run or ev.fault == "replica"):
+        _stop_routing_to(session, row.replica_id)
     if ev.kind == "failed" and ev.not_run:
         # It never ran (its replica was gone when it arrived): a new attempt that
         # spends no retry, or a call routed just before its replica's death was
@@ -497,6 +499,23 @@ def record_event(
             f"call {call_id} is already final or past attempt {ev.attempt}; stop sending for it"
         )
     return ended.queued_behind
+
+
+def _stop_routing_to(session: Session, replica_id: str | None) -> None:
+    """A call says its replica died (or was gone when it came): route nothing more to
+    it. Its worker reports the replica failed once the calls it held are accounted
+    for; until then a requeued call must not be sent back to it, where each return
+    would cost it a retry. ``draining`` is not routed and not counted as live, so
+    the reconciler starts a replacement; a replica that was alive after all is
+    stopped at its worker's next heartbeat."""
+    if replica_id is None:
+        return
+    session.execute(
+        update(Replica)
+        .where(Replica.id == replica_id, Replica.state == "ready")
+        .values(state="draining")
+        .execution_options(synchronize_session=False)
+    )
 
 
 def requeue_or_fail(

@@ -9,7 +9,9 @@
     thaw canary status NAME       both versions side by side over the same window
     thaw canary promote NAME      the canary becomes the active version
     thaw canary abort NAME        the canary is dropped; new calls all go to the
-                                  active version and the canary's replicas drain
+                                  active version; calls already accepted on the
+                                  canary run on it (``finishing``), then its
+                                  replicas drain
 
 The choice is a pure function of a uniform draw in [0, 1), injected, so its
 split is tested with many draws and no clock or randomness of its own.
@@ -23,7 +25,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, delete, select, update
+from sqlalchemy import bindparam, delete, select
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call, Canary, Function
@@ -75,21 +77,25 @@ def serving(session: Session, name: str) -> list[ActiveVersion]:
     return [active, functions.version_of(session, fn, canary.version)]
 
 
-def requeue_to_serving(session: Session, versions: list[ActiveVersion]) -> int:
-    """Point queued calls of a version that no longer serves (a promoted-over, aborted or
-    replaced one) at the active version, so they are routed, not left to expire."""
+def finishing(session: Session, versions: list[ActiveVersion]) -> list[ActiveVersion]:
+    """Versions that no longer take new calls (replaced by a deploy, promoted over,
+    aborted, rolled back from) but still hold queued calls: a call keeps the version
+    it was accepted on, so these run on that version's replicas before it drains."""
     serving = [fn.version for fn in versions]
-    result = session.execute(
-        update(Call)
+    held = session.scalars(
+        select(Call.version)
         .where(
             Call.function == versions[0].name,
             Call.status == "queued",
             Call.version.not_in(serving),
         )
-        .values(version=versions[0].version)
-        .execution_options(synchronize_session=False)
-    )
-    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+        .distinct()
+        .order_by(Call.version)
+    ).all()
+    if not held:
+        return []
+    fn = _function(session, versions[0].name)
+    return [functions.version_of(session, fn, v) for v in held if v is not None]
 
 
 # ``for_call``'s one read, built once (a statement used again is not built and keyed anew).

@@ -127,16 +127,33 @@ class Reconciler:
         self, session: Session, versions: list[ActiveVersion], box: Outbox
     ) -> None:
         """Route and scale each serving version (the active one, then a canary) on its
-        own calls, with replicas of its own; drain replicas of any other version."""
+        own calls, with replicas of its own; run the calls still queued on a version
+        that no longer serves on that version (``canary.finishing``); drain replicas
+        of any other version."""
         now = self.s.clock()
-        canary.requeue_to_serving(session, versions)
         for fn in versions:
             self._route_queued(session, fn, now, box)
             self._scale(session, fn, now, box)
-        serving = {fn.version for fn in versions}
+        finishing = canary.finishing(session, versions)
+        for fn in finishing:
+            self._route_queued(session, fn, now, box)
+            self._finish(session, fn, now, box)
+        kept = {fn.version for fn in [*versions, *finishing]}
         for r in replicas.live(session, versions[0].name):
-            if r.version not in serving:
+            if r.version not in kept:
                 self._drain_if_idle(session, r, "a newer version is active", box)
+
+    def _finish(self, session: Session, fn: ActiveVersion, now: float, box: Outbox) -> None:
+        """A version that takes no new calls but still holds queued ones: one replica
+        of it, started if none is live, serves them; it drains once they are done."""
+        open_workers = set(self._breakers(session, now))
+        mine = [
+            r
+            for r in replicas.live(session, fn.name)
+            if r.version == fn.version and r.worker_id not in open_workers
+        ]
+        if not mine and _count(session, fn.name, ("queued",), fn.version):
+            self._start(session, fn, now, box)
 
     def _route_queued(self, session: Session, fn: ActiveVersion, now: float, box: Outbox) -> None:
         queued = session.scalars(

@@ -147,8 +147,9 @@ def _end_calls_of(
     fault: str,
 ) -> list[str]:
     """Retry or fail the calls ``row`` held. When the function's own start failed
-    (``fault`` "function": its code, ``setup`` or artifacts) and no other replica can
-    serve, fail the queued calls too: such a failure repeats. Any other end leaves
+    (``fault`` "function": its code, ``setup`` or artifacts) and no other replica of
+    its version can serve, fail that version's queued calls too: such a failure
+    repeats. Any other end leaves
     them queued for the next replica."""
     stranded = session.scalars(
         select(Call).where(Call.replica_id == row.id, Call.status.in_(IN_FLIGHT_CALL_STATES))
@@ -161,7 +162,11 @@ def _end_calls_of(
     start_failed = row.state == "failed" and row.ready_at is None and fault == "function"
     if start_failed and not _other_live(session, row):
         queued = session.scalars(
-            select(Call.id).where(Call.function == row.function, Call.status == "queued")
+            select(Call.id).where(
+                Call.function == row.function,
+                Call.version == row.version,
+                Call.status == "queued",
+            )
         ).all()
         _paid_cold_start(session, row, list(queued))
         for call_id in queued:
@@ -197,6 +202,7 @@ def _other_live(session: Session, row: Replica) -> bool:
     n = session.scalar(
         select(func.count(Replica.id)).where(
             Replica.function == row.function,
+            Replica.version == row.version,
             Replica.id != row.id,
             Replica.state.in_(LIVE_REPLICA_STATES),
         )

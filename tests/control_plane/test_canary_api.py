@@ -11,6 +11,7 @@ import pytest
 
 from control_plane.services.states import FINAL_CALL_STATES as FINAL
 from tests.control_plane.conftest import ControlPlane
+from tests.control_plane.fake_worker import FakeWorker
 
 N_CALLS = 40
 
@@ -98,10 +99,33 @@ def test_abort_sends_every_call_back_to_the_active_version(cp: ControlPlane) -> 
         assert c.post("/v1/functions", json=cp.spec("echo")).json()["canary"] is None
 
 
-def test_calls_queued_on_a_version_that_stops_serving_move_to_the_active_one(
+def _started_versions(worker: FakeWorker) -> list[int]:
+    return [p["version"] for t, p in worker.received if t == "thaw.start_replica"]
+
+
+def _stopped(worker: FakeWorker, version: int) -> bool:
+    """Every replica of ``version`` the worker started has been told to stop."""
+    started = {
+        p["replica_id"]
+        for t, p in worker.received
+        if t == "thaw.start_replica" and p["version"] == version
+    }
+    return bool(started) and all(worker.replicas.get(rid) == "stopped" for rid in started)
+
+
+def _until(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not check():
+        assert time.monotonic() < deadline, f"{what} did not happen"
+        time.sleep(0.05)
+
+
+def test_calls_queued_on_a_version_that_stops_serving_run_on_that_version(
     cp: ControlPlane,
 ) -> None:
-    cp.worker(start_delay_s=0.5)  # calls queue while replicas start
+    """A call keeps the version it was accepted on: an abort or a new deploy leaves
+    the calls already queued on the old version to run on it, then its replica drains."""
+    worker = cp.worker(start_delay_s=0.5)  # calls queue while replicas start
     cp.deploy("echo")
     with cp.client() as c:
         spec = cp.spec("echo", timeout_s=11)
@@ -111,12 +135,21 @@ def test_calls_queued_on_a_version_that_stops_serving_move_to_the_active_one(
         assert accepted["version"] == 2  # the canary's (the draw is over 99.99 % likely)
         assert c.post("/v1/functions/echo/canary/abort").status_code == 200
         aborted = _wait(c, r.json()["call_id"])
-        assert (aborted["status"], aborted["version"]) == ("succeeded", 1)
+        assert (aborted["status"], aborted["version"]) == ("succeeded", 2)
+        assert aborted["output"]["echo"] == 1
+        _until(lambda: _stopped(worker, 2), "the aborted canary's replica to drain")
 
-        r = c.post("/v1/functions/echo/invoke", json={"input": 2}, headers=ASYNC)
-        cp.deploy("echo", timeout_s=12)  # a plain deploy: version 3 replaces 1 at once
-        replaced = _wait(c, r.json()["call_id"])
-        assert replaced["status"] == "succeeded" and replaced["version"] in (1, 3)
+        queued = [
+            c.post("/v1/functions/echo/invoke", json={"input": i}, headers=ASYNC).json()["call_id"]
+            for i in range(3)
+        ]
+        assert c.get("/v1/functions/echo").json()["version"] == 1
+        cp.deploy("echo", timeout_s=12)  # a plain deploy: version 3 serves new calls
+        after = c.post("/v1/functions/echo/invoke", json={"input": 9}, headers=ASYNC)
+        assert [_wait(c, i)["version"] for i in queued] == [1, 1, 1]
+        assert _wait(c, after.json()["call_id"])["version"] == 3
+        _until(lambda: _stopped(worker, 1), "version 1's replicas to drain")
+        assert sorted(set(_started_versions(worker))) == [1, 2, 3]
 
 
 def test_a_canary_needs_a_version_to_compare_with(cp: ControlPlane) -> None:

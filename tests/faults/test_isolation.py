@@ -12,10 +12,18 @@ call from another key with ``X-Thaw-Deadline-Ms: 5`` that spins in Python or
 sleeps: that call is 504 ``timeout`` and stopped in its replica
 (``worker.call_cancel``); the four succeed on the same replica, whose next call
 is warm.
+
+24.4: SIGKILL of a replica running two calls with five more queued behind them,
+``retries = 1``: the two it was running are retried, the queued ones never ran
+and spend no retry, and all seven succeed on the next replica. Calls queued on
+version 1 when version 2 is deployed run on version 1 (a call keeps the version
+it was accepted on), whose replica then drains.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from functools import partial
 from pathlib import Path
@@ -26,7 +34,7 @@ import pytest
 
 from tests.e2e.conftest import E2EStore
 from tests.e2e.stack import wait_for
-from tests.faults.conftest import FaultStack, chaos_spec, fault_stack, invoke
+from tests.faults.conftest import FaultStack, chaos_spec, fault_stack, invoke, invoke_async
 from tests.faults.harness import check_ledger, db_rows, db_value
 
 pytestmark = pytest.mark.slow
@@ -191,3 +199,82 @@ def test_short_deadline_call_ends_alone_beside_four_long_calls(
         calls = check_ledger(stack, ids)
         # timeout, not expired: it reached the replica and was stopped there.
         assert calls[short_id].status == "timeout", calls[short_id]
+
+
+def _runs(runs: Path, call_id: str) -> int:
+    path = runs / call_id
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_killed_replica_retries_its_calls_and_requeues_the_queued_ones(
+    tmp_path: Path, chaos_store: E2EStore, backend: str
+) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with fault_stack(backend, tmp_path, chaos_store) as stack:
+        scaling = {
+            "min_replicas": 1,
+            "max_replicas": 1,
+            "idle_timeout_s": 300,
+            "target_concurrency": 2,
+        }
+        env = {"RUNS_DIR": str(runs)}
+        stack.deploy(chaos_spec(chaos_store, "victim", retries=1, scaling=scaling, env=env))
+        warm = _good_call(stack, "victim", 0)
+        pid = warm["output"]["pid"]
+        ids = [invoke_async(stack, "victim", {"sleep_s": 1.5, "i": i}) for i in range(7)]
+        wait_for(
+            lambda: sum(_runs(runs, i) for i in ids) == 2, "two calls to run on the replica", 30
+        )
+        ran_before = {i for i in ids if _runs(runs, i)}
+        os.kill(pid, signal.SIGKILL)
+
+        calls = check_ledger(stack, [warm["call_id"], *ids], runs_dir=runs)
+        for call_id in ids:
+            call = stack.call(call_id)
+            assert call["status"] == "succeeded", f"{call}\n{calls}\n{stack.logs()}"
+            assert call["output"]["pid"] != pid
+            record = calls[call_id]
+            # Retries spent: attempts past the first, less those that never ran (each
+            # of those raised ``retries`` with ``attempt``); the spec gives 1.
+            spent = (record.attempt - 1) - (record.retries - 1)
+            if call_id in ran_before:
+                assert (_runs(runs, call_id), spent) == (2, 1), record
+            else:  # never ran on the killed replica: no retry spent
+                assert (_runs(runs, call_id), spent) == (1, 0), record
+
+
+def test_calls_queued_on_a_version_run_on_it_after_a_new_deploy(
+    tmp_path: Path, chaos_store: E2EStore
+) -> None:
+    with fault_stack("embedded", tmp_path, chaos_store) as stack:
+        scaling = {
+            "min_replicas": 1,
+            "max_replicas": 1,
+            "idle_timeout_s": 300,
+            "target_concurrency": 1,
+        }
+        spec = chaos_spec(chaos_store, "versioned", retries=0, scaling=scaling)
+        stack.deploy(spec)
+        v1 = _good_call(stack, "versioned", 0)
+        long_id = invoke_async(stack, "versioned", {"sleep_s": 2.0})
+        wait_for(lambda: _running(stack, [long_id]), "the long call to run", 30)
+        queued = [invoke_async(stack, "versioned", {"i": i}) for i in range(3)]
+        stack.deploy({**spec, "timeout_s": 61})  # version 2
+        v2 = _good_call(stack, "versioned", 1)
+        assert v2["version"] == v1["version"] + 1
+        assert v2["output"]["replica"] != v1["output"]["replica"]
+
+        for call_id in [long_id, *queued]:
+            call = wait_for(partial(_final, stack, call_id), "a version 1 call to end", 60)
+            assert call["status"] == "succeeded", f"{call}\n{stack.logs()}"
+            assert call["version"] == v1["version"]
+            assert call["output"]["replica"] == v1["output"]["replica"]
+        check_ledger(stack, [v1["call_id"], long_id, *queued, v2["call_id"]])
+
+        def v1_gone() -> bool:
+            sql = "SELECT state FROM replicas WHERE id = :r"
+            return db_value(stack, sql, r=v1["output"]["replica"]) == "stopped"
+
+        wait_for(v1_gone, "version 1's replica to drain", 30)
