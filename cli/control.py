@@ -42,13 +42,18 @@ def check(response: httpx.Response, ok: tuple[int, ...] = (200, 201, 202, 204)) 
     """The JSON body of a successful response; else the server's message and exit 2."""
     if response.status_code in ok:
         return response.json() if response.content else None
+    raise check_failed(response)
+
+
+def check_failed(response: httpx.Response) -> typer.Exit:
+    """The server's message for a refused request, printed; the exit to raise."""
     try:
         detail = response.json().get("detail", response.text)
     except (json.JSONDecodeError, AttributeError):
         detail = response.text
     if not isinstance(detail, str):
         detail = json.dumps(detail)
-    raise fail(f"{response.status_code}: {detail}")
+    return fail(f"{response.status_code}: {detail}")
 
 
 def print_json(value: Any) -> None:

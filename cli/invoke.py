@@ -9,10 +9,12 @@ import json
 import time
 from typing import Annotated, Any
 
+import httpx
 import typer
+from rich.markup import escape
 from rich.table import Column, Table
 
-from cli.control import check, client, fail, out, print_json
+from cli.control import EXIT_ERROR, check, check_failed, client, err, fail, out, print_json
 from control_plane.settings import Settings
 
 CALL_ID_CHARS = 32  # uuid4 hex: shown whole, to be pasted
@@ -56,11 +58,45 @@ def invoke(
             _stream(c, path, body, {**headers, "Accept": "text/event-stream"})
         else:
             r = c.post(path, json=body, headers=headers)
-            call = check(r, ok=(200,))
+            if r.status_code != 200:
+                raise _call_failed(r)
+            call = r.json()
             print_json(call["output"])
             cold = r.headers.get("X-Thaw-Cold", "?")
             timing = r.headers.get("Server-Timing", "")
             out.print(f"[dim]call {call['call_id']} cold={cold} {timing}[/dim]")
+
+
+def _call_failed(r: httpx.Response) -> typer.Exit:
+    """A call that did not succeed: its status and message, the function's traceback
+    as lines (not an escaped JSON string), and its id and timings; exit 2. A response
+    that is not a call (a refusal before one was accepted) prints as ``check`` does."""
+    try:
+        call = r.json()
+    except json.JSONDecodeError:
+        call = None
+    if not isinstance(call, dict) or "call_id" not in call:
+        return check_failed(r)
+    message = str(call.get("error") or call.get("detail") or "(no message)")
+    first, _, trace = message.partition("\n")
+    status = call.get("status") or ("timeout" if r.status_code == 504 else "failed")
+    err.print(f"[red]error:[/red] call {status}: {escape(first)}", soft_wrap=True)
+    if trace:
+        err.print(escape(trace), style="dim", soft_wrap=True, highlight=False)
+    err.print(f"[dim]{escape(_summary(call))}[/dim]", soft_wrap=True)
+    return typer.Exit(EXIT_ERROR)
+
+
+def _summary(call: dict[str, Any]) -> str:
+    """``call ID cold=… attempt=N`` and its timings, as Server-Timing names them."""
+    parts = [f"call {call['call_id']}"]
+    if "cold" in call:
+        parts.append(f"cold={str(bool(call['cold'])).lower()}")
+    if call.get("attempt", 1) != 1:
+        parts.append(f"attempt={call['attempt']}")
+    timings = {**(call.get("phases_ms") or {}), **(call.get("timings_ms") or {})}
+    parts += [f"{name};dur={ms:.1f}" for name, ms in timings.items() if isinstance(ms, int | float)]
+    return " ".join(parts)
 
 
 def _stream(c: Any, path: str, body: dict[str, Any], headers: dict[str, str]) -> None:
@@ -76,10 +112,18 @@ def _stream(c: Any, path: str, body: dict[str, Any], headers: dict[str, str]) ->
                 payload = json.loads(line[len("data: ") :])
                 if event == "output":
                     print_json(payload)
+                elif event == "done" and isinstance(payload, dict) and "call_id" in payload:
+                    out.print(f"[dim]{escape(_summary(payload))}[/dim]", soft_wrap=True)
                 elif event == "error":
-                    raise fail(
-                        json.dumps(payload.get("error") if isinstance(payload, dict) else payload)
-                    )
+                    raise _stream_failed(payload)
+
+
+def _stream_failed(payload: Any) -> typer.Exit:
+    """A stream that ended in an error event: the call's message and traceback, as
+    for a synchronous call."""
+    if isinstance(payload, dict) and "call_id" in payload:
+        return _call_failed(httpx.Response(500, json=payload))
+    return fail(json.dumps(payload))
 
 
 @calls_app.command("show")

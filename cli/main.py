@@ -8,7 +8,19 @@ from __future__ import annotations
 
 import typer
 
-from cli import bench, canary, functions, gc, images, invoke, keys, models, secrets, warm
+from cli import (
+    bench,
+    canary,
+    functions,
+    gc,
+    images,
+    invoke,
+    keys,
+    models,
+    secrets,
+    warm,
+    workers,
+)
 from cli.loadtest import loadtest
 from cli.server import server
 from cli.up import up
@@ -22,6 +34,7 @@ app = typer.Typer(
 app.add_typer(models.app, name="models")
 app.add_typer(images.app, name="images")
 app.command("worker")(worker)
+app.add_typer(workers.app, name="workers")
 app.command("up")(up)
 app.command("server")(server)
 app.add_typer(keys.app, name="keys")

@@ -3,7 +3,9 @@ client commands against a served app with a fake worker."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -168,3 +170,43 @@ def test_keys_commands_and_errors(cp: ControlPlane, tmp_path: Path) -> None:
     assert r.exit_code == 2 and "not JSON" in r.output
     r = runner.invoke(app, ["deploy", str(tmp_path)], env=env)
     assert r.exit_code == 2 and "thaw.toml" in r.output
+
+
+TRACEBACK = 'ValueError: bad input\n  File "app.py", line 3, in __call__\n    raise ValueError'
+
+
+def test_failed_call_prints_its_message_traceback_and_id(cp: ControlPlane, code_dir: Path) -> None:
+    cp.worker()
+    env = _env(cp)
+    assert runner.invoke(app, ["deploy", str(code_dir)], env=env).exit_code == 0
+    data = json.dumps({"fail": TRACEBACK})
+    for extra in ([], ["--stream"]):
+        r = runner.invoke(app, ["invoke", "hello", "--data", data, *extra], env=env)
+        assert r.exit_code == 2, r.output
+        lines = r.output.splitlines()
+        assert lines[0] == "error: call failed: ValueError: bad input", r.output
+        # The traceback as lines, not a JSON string with escaped newlines.
+        assert '  File "app.py", line 3, in __call__' in lines, r.output
+        assert "\\n" not in r.output
+        assert re.search(r"^call [0-9a-f]{32} cold=(true|false) .*total;dur=", r.output, re.M)
+
+    r = runner.invoke(app, ["invoke", "hello", "--data", '{"chunks": 2}', "--stream"], env=env)
+    assert r.exit_code == 0, r.output
+    assert r.output.count('"i"') == 2
+    last = r.output.strip().splitlines()[-1]
+    assert re.match(r"call [0-9a-f]{32} cold=false .*total;dur=", last), r.output
+
+
+def test_workers_ls_shows_health_devices_and_replicas(cp: ControlPlane, code_dir: Path) -> None:
+    worker = cp.worker()
+    env = _env(cp)
+    assert runner.invoke(app, ["deploy", str(code_dir)], env=env).exit_code == 0
+    assert runner.invoke(app, ["invoke", "hello", "--data", "1"], env=env).exit_code == 0
+    r = runner.invoke(app, ["workers", "ls"], env={**env, "COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    [row] = [line for line in r.output.splitlines() if worker.id[:12] in line]
+    assert "healthy" in row and "hello v1: 1 ready" in row, r.output
+    r = runner.invoke(app, ["workers", "ls", "--json"], env=env)
+    assert [w["id"] for w in json.loads(r.output)] == [worker.id]
+    r = runner.invoke(app, ["workers", "ls"], env=_env(cp, cp.key("invoke")))
+    assert r.exit_code == 2 and "403" in r.output
