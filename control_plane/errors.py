@@ -8,6 +8,7 @@
     ├── NotFoundError                404  no such function, call, key, model, worker, replica
     ├── ConflictError                409  in use, already final, idempotency mismatch
     ├── PayloadTooLargeError         413  body over ``max_body_bytes``
+    ├── UnprocessableError           422  a change whose result is invalid (scaling min > max)
     ├── UnsupportedMediaTypeError    415  an invoke body that is not JSON
     ├── RateLimitedError             429  the key or function is over its rate limit
     ├── NoCapacityError              503  no worker can take a replica now
@@ -45,6 +46,10 @@ class ConflictError(ControlPlaneError):
 
 
 class PayloadTooLargeError(ControlPlaneError):
+    pass
+
+
+class UnprocessableError(ControlPlaneError):
     pass
 
 

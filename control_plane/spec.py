@@ -77,6 +77,25 @@ class Scaling(BaseModel):
         return self
 
 
+class ScalingPatch(BaseModel):
+    """A change to a deployed function's scaling (``PATCH .../scaling``): the fields
+    sent replace the current ones, a field not sent (or null) keeps its value."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_replicas: int | None = Field(default=None, ge=0, le=64)
+    max_replicas: int | None = Field(default=None, ge=0, le=64)
+    idle_timeout_s: float | None = Field(default=None, ge=0, le=86400)
+    target_concurrency: int | None = Field(default=None, ge=1, le=1024)
+
+    def applied_to(self, current: Scaling) -> Scaling:
+        """``current`` with this change; raises ``pydantic.ValidationError`` when the
+        merged scaling is invalid (e.g. min_replicas above the kept max_replicas)."""
+        return Scaling.model_validate(
+            {**current.model_dump(), **self.model_dump(exclude_none=True)}
+        )
+
+
 class Batching(BaseModel):
     """Dynamic batching: the replica's ``batch(inputs)`` gets up to ``max_batch_size``
     calls, gathered for at most ``max_wait_ms`` after the first (``worker.batcher``).

@@ -18,6 +18,7 @@ from control_plane.errors import (
     PayloadTooLargeError,
     RateLimitedError,
     UnauthorizedError,
+    UnprocessableError,
     UnsupportedMediaTypeError,
 )
 from control_plane.protocol import ProtocolVersionError
@@ -32,6 +33,7 @@ STATUS_BY_ERROR: list[tuple[type[Exception], int]] = [
     (NotFoundError, 404),
     (ConflictError, 409),
     (PayloadTooLargeError, 413),
+    (UnprocessableError, 422),
     (UnsupportedMediaTypeError, 415),
     (RateLimitedError, 429),
     (NoCapacityError, 503),

@@ -4,7 +4,8 @@ Scaling is an operating setting, not code: ``update_scaling`` rewrites the
 ``scaling`` table of the *active* version in place instead of adding a
 version, because a new version would make the reconciler drain every replica
 of the old one. (Rolling back to an older version brings back that
-version's own scaling.)
+version's own scaling.) A change names only what it changes: the fields it
+leaves out keep their values, and the merged scaling is what is validated.
 
 ``warm`` starts replicas of the active version until N (default 1) are
 live, placed by the same pure scheduler as any other start. The
@@ -18,17 +19,23 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from pydantic import ValidationError
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Function, FunctionVersion, Replica
-from control_plane.errors import BadRequestError, NoCapacityError, NotFoundError
+from control_plane.errors import (
+    BadRequestError,
+    NoCapacityError,
+    NotFoundError,
+    UnprocessableError,
+)
 from control_plane.protocol import StartReplica
 from control_plane.services import functions, replicas, workers
 from control_plane.services.context import Services
 from control_plane.services.functions import ActiveVersion
 from control_plane.services.scheduler import ReplicaRequest, place
-from control_plane.spec import FunctionSpec, Scaling
+from control_plane.spec import FunctionSpec, ScalingPatch
 
 
 @dataclass(frozen=True)
@@ -44,8 +51,12 @@ class WarmResult:
         return self.started_replica_ids[0] if self.started_replica_ids else None
 
 
-def update_scaling(session: Session, name: str, scaling: Scaling) -> functions.FunctionInfo:
-    """Replace the active version's scaling. Raises ``NotFoundError``."""
+def update_scaling(session: Session, name: str, change: ScalingPatch) -> functions.FunctionInfo:
+    """Apply ``change`` to the active version's scaling; fields it does not set are kept.
+
+    Raises ``NotFoundError``, or ``UnprocessableError`` when the merged scaling is
+    invalid (nothing is written then).
+    """
     fn = session.scalars(select(Function).where(Function.name == name)).first()
     if fn is None or fn.active_version is None:
         raise NotFoundError(f"no deployed function {name!r}; deploy it first")
@@ -55,9 +66,24 @@ def update_scaling(session: Session, name: str, scaling: Scaling) -> functions.F
         )
     ).one()
     spec = FunctionSpec.model_validate_json(row.spec_json)
+    try:
+        scaling = change.applied_to(spec.scaling)
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise UnprocessableError(
+            f"scaling of {name} would be invalid: {reason} (now {_describe(spec)})"
+        ) from None
     row.spec_json = spec.model_copy(update={"scaling": scaling}).model_dump_json()
     session.flush()
     return functions.show(session, name)
+
+
+def _describe(spec: FunctionSpec) -> str:
+    s = spec.scaling
+    return (
+        f"min_replicas={s.min_replicas}, max_replicas={s.max_replicas}, "
+        f"idle_timeout_s={s.idle_timeout_s:g}, target_concurrency={s.target_concurrency}"
+    )
 
 
 def _model_bytes(services: Services, model_digest: str | None) -> int:

@@ -1,6 +1,8 @@
 """Operating a deployed function: edit its scaling, warm it up.
 
-PATCH /v1/functions/{name}/scaling   Scaling → FunctionPublic (active version edited)
+PATCH /v1/functions/{name}/scaling   ScalingPatch → FunctionPublic (active version
+                                     edited; fields not sent keep their values;
+                                     an invalid merged scaling is 422)
 POST  /v1/functions/{name}/warm      {"replicas": N}? → WarmPublic (starts replicas
                                      until N, default 1, are live)
 """
@@ -14,14 +16,14 @@ from control_plane.api.schemas import FunctionPublic
 from control_plane.api.schemas_console import WarmPublic, WarmRequest
 from control_plane.api.scopes import ScopeFirstRoute, needs
 from control_plane.services import scaling
-from control_plane.spec import Scaling
+from control_plane.spec import ScalingPatch
 
 router = APIRouter(prefix="/v1/functions", tags=["scaling"], route_class=ScopeFirstRoute)
 
 
 @router.patch("/{name}/scaling", openapi_extra=needs("deploy", function_param="name"))
 def update_scaling(
-    name: str, body: Scaling, who: PrincipalDep, services: ServicesDep, inv: InvocationsDep
+    name: str, body: ScalingPatch, who: PrincipalDep, services: ServicesDep, inv: InvocationsDep
 ) -> FunctionPublic:
     who.require("deploy", name)
     with services.db.session() as s:
