@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.control import out
+from cli.control import fail, out
 from control_plane.settings import Settings
 
 LOG_FORMAT = "%(asctime)s server %(message)s"
@@ -31,6 +31,15 @@ def server(
     loop) on the same port; the kernel spreads connections over them. They wake
     each other's waiting callers and answer ``/metrics`` for all of them.
     """
+    from control_plane.db.reach import DatabaseUnreachableError
+
+    try:
+        _serve(host, port, processes, log_level)
+    except DatabaseUnreachableError as exc:
+        raise fail(str(exc)) from None
+
+
+def _serve(host: str | None, port: int | None, processes: int | None, log_level: str) -> None:
     import uvicorn
 
     from control_plane import gil, heap

@@ -99,9 +99,13 @@ def up(
 def prepare(settings: Settings, home: Path) -> tuple[str, str]:
     """Migrate, make keys, build and push the example model. Returns (admin, worker) keys."""
     from control_plane.db import migrate
+    from control_plane.db.reach import DatabaseUnreachableError
 
     db_url = settings.database_url_resolved()
-    migrate.upgrade(db_url)
+    try:
+        migrate.upgrade(db_url)
+    except DatabaseUnreachableError as exc:
+        raise fail(str(exc)) from None
     out.print(f"database ready ({_redacted(db_url)})", soft_wrap=True)
     admin_key = ensure_key(db_url, settings.admin_key_file or home / "admin.key", "admin")
     worker_key = ensure_key(db_url, home / "worker" / "api.key", "worker")

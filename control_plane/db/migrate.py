@@ -7,6 +7,8 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
+from control_plane.db.reach import check_reachable
+
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
@@ -18,7 +20,9 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    """Bring the database at ``url`` to ``revision`` (idempotent)."""
+    """Bring the database at ``url`` to ``revision`` (idempotent). Raises
+    ``DatabaseUnreachableError`` (one line, with the fix) when it cannot connect."""
+    check_reachable(url)
     command.upgrade(alembic_config(url), revision)
 
 
