@@ -1,0 +1,242 @@
+"""One continuous-batching engine per replica: transformers' own manager
+(``model.init_continuous_batching``, a paged KV cache), used as it is meant to be.
+
+::
+
+    call thread        generate(prompt) ─ add_request ─▶ manager (its generation thread
+                                                          runs one batch step at a time;
+                                                          a new request joins the running
+                                                          batch at the next step)
+    router thread      manager.get_result() ─ by request id ─▶ that call's queue
+    call thread        ◀─ TokenStep per new token ─ its queue
+    a call that stops  cancel_request; the manager sends no final output for a
+    early              cancelled request, so the engine ends that stream itself
+
+Sizes are explicit (``EngineSizes``): the KV cache gets ``kv_cache_bytes``, never
+"most of free memory" (transformers' default without ``num_blocks`` is about 60 %
+of the machine's RAM), and a batch holds at most ``max_num_seqs`` sequences and
+``max_batch_tokens`` tokens.
+
+Sampling is per request, in one batch: the manager is built with sampling on and
+every warper present (temperature, top-k, top-p) in their per-request form, and
+each request sets its own values. Greedy is top-k 1: the one token left is drawn
+with certainty, so greedy output equals ``model.generate`` without sampling.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+FinishReason = Literal["stop", "length"]
+_ROUTER_POLL_S = 0.05
+
+
+class EngineError(RuntimeError):
+    """The engine could not take or finish a request (the message says why)."""
+
+
+@dataclass(frozen=True)
+class EngineSizes:
+    max_num_seqs: int = 8  # sequences in one batch: a replica's target concurrency
+    max_batch_tokens: int = 512  # tokens one step processes (prefill chunks included)
+    kv_cache_bytes: int = 64 << 20
+    page_size_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_batch_tokens < 1 or self.page_size_tokens < 4:
+            raise ValueError(f"engine sizes out of range: {self}")
+
+
+def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+    """Bytes of keys and values one token holds across every layer."""
+    layers = int(config.num_hidden_layers)
+    heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    head_dim = int(
+        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    )
+    return 2 * layers * heads * head_dim * torch.finfo(dtype).bits // 8
+
+
+def kv_blocks(config: Any, dtype: torch.dtype, sizes: EngineSizes) -> int:
+    """Blocks of ``page_size_tokens`` tokens (every layer's keys and values) that fit
+    in ``kv_cache_bytes``; at least one."""
+    per_block = kv_bytes_per_token(config, dtype) * sizes.page_size_tokens
+    return max(1, sizes.kv_cache_bytes // per_block)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_new_tokens: int
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, not {self.max_new_tokens}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], not {self}")
+
+    def processor_kwargs(self, vocab_size: int) -> dict[str, Any]:
+        if self.temperature == 0:
+            return {"top_k": 1, "temperature": 1.0, "top_p": 1.0}
+        return {"top_k": vocab_size, "temperature": float(self.temperature), "top_p": self.top_p}
+
+
+@dataclass(frozen=True)
+class TokenStep:
+    """New tokens of one request, as the replica made them."""
+
+    token_ids: list[int]
+    at_s: float  # time.perf_counter() when the engine handed them over
+    finish_reason: FinishReason | None = None  # set on the last step
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class _Stream:
+    queue: queue.Queue[Any]
+    sampling: Sampling
+    stop_ids: frozenset[int]
+    seen: int = 0  # generated tokens already handed over
+
+
+class Engine:
+    """Continuous batching over ``model`` (a transformers causal LM on its device).
+
+    ``generate`` may be called from many threads at once: each call is one request
+    of the running batch. ``close`` stops the manager; open streams then fail."""
+
+    def __init__(self, model: Any, sizes: EngineSizes, eos_token_ids: list[int]) -> None:
+        from transformers import GenerationConfig
+        from transformers.generation import ContinuousBatchingConfig
+
+        self.sizes = sizes
+        self.vocab_size = int(model.config.vocab_size)
+        self.eos_token_ids = list(eos_token_ids)
+        self.num_blocks = kv_blocks(model.config, model.dtype, sizes)
+        # Sampling on, every warper at a value that makes transformers build it, in
+        # its per-request form; each request then sets its own values.
+        generation = GenerationConfig(
+            do_sample=True,
+            temperature=0.5,
+            top_k=2,
+            top_p=0.5,
+            eos_token_id=self.eos_token_ids or None,
+            max_new_tokens=16,
+        )
+        batching = ContinuousBatchingConfig(
+            num_blocks=self.num_blocks,
+            max_batch_tokens=sizes.max_batch_tokens,
+            page_size=sizes.page_size_tokens,
+            max_requests_per_batch=sizes.max_num_seqs,
+            per_request_processors=True,
+        )
+        self._manager = model.init_continuous_batching(
+            generation_config=generation, continuous_batching_config=batching
+        )
+        self._lock = threading.Lock()
+        self._streams: dict[str, _Stream] = {}
+        self._closed = threading.Event()
+        self.peak_active = 0  # most requests seen in one running batch
+        self._manager.start()
+        self._router = threading.Thread(target=self._route, name="llm-router", daemon=True)
+        self._router.start()
+
+    # --- requests --------------------------------------------------------------
+    def generate(self, prompt_ids: list[int], sampling: Sampling) -> Iterator[TokenStep]:
+        """The request's tokens as they are made, in steps; the last step has its
+        finish reason. Closing the iterator early cancels the request and frees its
+        sequence and KV blocks. Raises ``EngineError``."""
+        if not prompt_ids:
+            raise EngineError("the prompt has no tokens")
+        request_id = uuid.uuid4().hex
+        stop_ids = frozenset(self.eos_token_ids) | frozenset(sampling.stop_token_ids)
+        stream = _Stream(queue.Queue(), sampling, stop_ids)
+        with self._lock:
+            if self._closed.is_set():
+                raise EngineError("the engine is stopped")
+            self._streams[request_id] = stream
+        finished = False
+        try:
+            added = self._manager.add_request(
+                list(prompt_ids),
+                request_id=request_id,
+                max_new_tokens=sampling.max_new_tokens,
+                streaming=True,
+                eos_token_id=sorted(stop_ids) or -1,
+                **sampling.processor_kwargs(self.vocab_size),
+            )
+            if added is None:
+                raise EngineError("the engine is not taking requests (stopping)")
+            while not finished:
+                step = stream.queue.get()
+                if isinstance(step, BaseException):
+                    raise EngineError(str(step))
+                finished = step.finished
+                yield step
+        finally:
+            with self._lock:
+                self._streams.pop(request_id, None)
+            if not finished:
+                self._manager.cancel_request(request_id)
+
+    def active_requests(self) -> int:
+        """Requests the manager holds now, running or waiting for room."""
+        processor = self._manager.batch_processor
+        if processor is None:
+            return 0
+        scheduler = processor.scheduler
+        return len(scheduler.active_requests) + len(scheduler.waiting_requests)
+
+    # --- the router --------------------------------------------------------------
+    def _route(self) -> None:
+        while not self._closed.is_set():
+            output = self._manager.get_result(timeout=_ROUTER_POLL_S)
+            if output is None:
+                if not self._manager.is_running():
+                    time.sleep(_ROUTER_POLL_S)  # get_result returns at once then
+                continue
+            self._deliver(output)
+
+    def _deliver(self, output: Any) -> None:
+        with self._lock:
+            stream = self._streams.get(output.request_id)
+        if stream is None:
+            return  # cancelled: its caller left
+        processor = self._manager.batch_processor
+        if processor is not None:
+            self.peak_active = max(self.peak_active, len(processor.scheduler.active_requests))
+        if output.error is not None:
+            stream.queue.put(EngineError(f"generation failed: {output.error}"))
+            return
+        tokens = list(output.generated_tokens)
+        new, stream.seen = tokens[stream.seen :], len(tokens)
+        reason: FinishReason | None = None
+        if output.is_finished():
+            hit_stop = bool(tokens) and tokens[-1] in stream.stop_ids
+            reason = "stop" if hit_stop else "length"
+        if new or reason is not None:
+            stream.queue.put(TokenStep(new, time.perf_counter(), reason))
+
+    # --- shutdown ------------------------------------------------------------------
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the manager; every open stream ends with ``EngineError``."""
+        with self._lock:
+            self._closed.set()
+            open_streams = list(self._streams.values())
+        for stream in open_streams:
+            stream.queue.put(EngineError("the engine stopped"))
+        self._manager.stop(block=True, timeout=timeout_s)
+        self._router.join(timeout=timeout_s)
