@@ -29,7 +29,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -155,7 +155,9 @@ class Engine:
         self._router.start()
 
     # --- requests --------------------------------------------------------------
-    def generate(self, prompt_ids: list[int], sampling: Sampling) -> Iterator[TokenStep]:
+    def generate(
+        self, prompt_ids: list[int], sampling: Sampling
+    ) -> Generator[TokenStep, None, None]:
         """The request's tokens as they are made, in steps; the last step has its
         finish reason. Closing the iterator early cancels the request and frees its
         sequence and KV blocks. Raises ``EngineError``."""
