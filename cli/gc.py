@@ -18,6 +18,7 @@ from rich.table import Table
 from cli.control import fail
 from cli.models import StoreOption, snapshotter_errors
 from cli.progress import human_bytes
+from cli.store import open_registry
 from control_plane.settings import Settings
 from snapshotter.digest import is_digest
 from snapshotter.gc import (
@@ -30,7 +31,6 @@ from snapshotter.gc import (
 )
 from snapshotter.gc_mark import Live, Roots, classify
 from snapshotter.registry import Registry
-from snapshotter.stores import open_store
 
 out = Console(highlight=False)
 # A plan longer than this is summarised after its first rows.
@@ -60,7 +60,7 @@ def gc(
         if not is_digest(digest):
             raise fail(f"--keep {digest!r} is not a digest; give blake3:<64 hex digits>")
     with snapshotter_errors():
-        registry = Registry(open_store(settings.store_config(store)))
+        registry = open_registry(settings, store)
         plan, roots, live = plan_gc(registry, grace_s=grace, extra_manifests=extra)
         if dry_run:
             _print_plan(plan)

@@ -21,11 +21,11 @@ from rich.markup import escape
 
 from cli.models import EXIT_ERROR, StoreOption, snapshotter_errors
 from cli.progress import human_bytes, transfer_bar
+from cli.store import open_registry
 from control_plane.settings import Settings
 from snapshotter.images import ImagePushResult, push_image_archive
 from snapshotter.layers import LayerProgress
 from snapshotter.registry import Registry
-from snapshotter.stores import open_store
 
 app = typer.Typer(no_args_is_help=True, help="Push container images as lazily mountable chunks.")
 out = Console(highlight=False)
@@ -100,7 +100,7 @@ def push_cmd(
     settings = Settings()
     ref = as_ref or (image if ":" in image.rsplit("/", 1)[-1] else f"{image}:latest")
     with snapshotter_errors():
-        registry = Registry(open_store(settings.store_config(store)))
+        registry = open_registry(settings, store)
         try:
             with _source(image, archive) as (stream, total_bytes):
                 size = chunk_size_bytes or settings.chunk_size_bytes

@@ -1,7 +1,8 @@
 """``thaw models``: push, list, pull and verify models, adapters and code bundles.
 
-The store is ``--store`` (a directory or ``s3://bucket/prefix``) or else the
-settings (``THAW_STORE``, S3 credentials from ``THAW_S3_*``). Exit codes:
+The store is ``--store`` (a directory or ``s3://bucket/prefix``), else
+``THAW_STORE``, else the control plane's store when ``THAW_SERVER_URL`` is set
+(``cli.store``), else ``THAW_HOME/store``; S3 keys come from ``THAW_S3_*``. Exit codes:
 0 success, 1 ``verify`` found corruption, 2 the snapshotter refused or failed
 (the error is printed as one red line, never a traceback).
 """
@@ -20,13 +21,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from cli.progress import human_bytes, transfer_bar
+from cli.store import STORE_HELP, open_registry
 from control_plane.settings import Settings
 from snapshotter.errors import SnapshotterError
 from snapshotter.manifest import ArtifactKind
 from snapshotter.pull import PullProgress, VerifyReport, pull, verify
 from snapshotter.push import PushProgress, PushResult, push_directory
 from snapshotter.registry import Registry, chunk_key
-from snapshotter.stores import open_store
 
 app = typer.Typer(no_args_is_help=True, help="Push, list, pull and verify model artifacts.")
 out = Console(highlight=False)
@@ -42,10 +43,7 @@ class KindChoice(enum.StrEnum):
     bundle = "bundle"
 
 
-StoreOption = Annotated[
-    str | None,
-    typer.Option("--store", help="a directory or s3://bucket/prefix (default: THAW_STORE)"),
-]
+StoreOption = Annotated[str | None, typer.Option("--store", help=STORE_HELP)]
 
 
 @contextmanager
@@ -59,7 +57,7 @@ def snapshotter_errors() -> Iterator[None]:
 
 
 def _registry(settings: Settings, store: str | None) -> Registry:
-    return Registry(open_store(settings.store_config(store)))
+    return open_registry(settings, store)
 
 
 def _digest_short(digest: str) -> str:

@@ -40,6 +40,7 @@ from control_plane.api.routes import (
     scaling,
     secrets,
     stats,
+    store,
     uploads,
     workers,
 )
@@ -216,7 +217,7 @@ def create_app(
     )
     app.state.rate_limiter = make_rate_limiter(services)
     errors.install(app)
-    for module in (health, keys, models, functions, canary, calls, workers):
+    for module in (health, keys, models, store, functions, canary, calls, workers):
         app.include_router(module.router)
     app.include_router(invoke.router, dependencies=[Depends(enforce_rate_limit)])
     app.include_router(secrets.router)

@@ -84,8 +84,10 @@ def resolve_adapter(registry: Registry, ref: str) -> str:
         digest = registry.resolve(ref)
         manifest = registry.get_manifest(digest)
     except StoreNotFound:
+        url = registry.store.url
         raise BadRequestError(
-            f"adapter {ref!r} is not in the store; push it with `thaw models push DIR {ref}`"
+            f"adapter {ref!r} is not in the store {url} (the control plane's); push it there "
+            f"with `thaw models push DIR {ref} --store {url}`"
         ) from None
     except SnapshotterError as exc:
         raise BadRequestError(f"adapter {ref!r}: {exc}") from None

@@ -41,6 +41,13 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
+def has_credentials(config: S3Config) -> bool:
+    """Whether ``config`` or boto3's chain (environment, profile, instance role) has keys."""
+    if config.access_key_id and config.secret_access_key:
+        return True
+    return boto3.session.Session().get_credentials() is not None
+
+
 class S3Store(Store):
     def __init__(self, url: str, config: S3Config) -> None:
         self.bucket, self.prefix = parse_s3_url(url)
