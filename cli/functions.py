@@ -20,7 +20,8 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from cli.control import check, client, fail, out, print_json
+from cli import health
+from cli.control import check, client, err, fail, out, print_json
 from control_plane.settings import Settings
 from control_plane.spec import FunctionSpec
 from snapshotter.errors import SnapshotterError
@@ -99,13 +100,18 @@ def deploy(
 def ls() -> None:
     with client(Settings()) as c:
         fns = check(c.get("/v1/functions"))
-    table = Table("name", "version", "model", "device", "replicas (min..max)")
+    table = Table("name", "version", "model", "device", "replicas (min..max)", "health")
     for f in fns:
         spec = f["spec"] or {}
         scaling = spec.get("scaling", {})
         span = f"{scaling.get('min_replicas', '')}..{scaling.get('max_replicas', '')}"
         table.add_row(
-            f["name"], str(f["version"]), spec.get("model") or "", spec.get("device", ""), span
+            f["name"],
+            str(f["version"]),
+            spec.get("model") or "",
+            spec.get("device", ""),
+            span,
+            health.cell(f),
         )
     out.print(table)
 
@@ -113,7 +119,11 @@ def ls() -> None:
 @app.command("show")
 def show(name: str) -> None:
     with client(Settings()) as c:
-        print_json(check(c.get(f"/v1/functions/{name}")))
+        fn = check(c.get(f"/v1/functions/{name}"))
+    print_json(fn)
+    line = health.note(fn)
+    if line is not None:
+        err.print(line, soft_wrap=True)
 
 
 @app.command("rm")

@@ -196,6 +196,11 @@ class WorkerRegister(Message):
     # connection must present; None: the worker takes calls through its queue only.
     data_addr: str | None = Field(default=None, max_length=300)
     data_token: str | None = Field(default=None, max_length=200)
+    # v1.8, optional: where the worker's broker and store are, without credentials
+    # (``control_plane.fingerprints``); the control plane refuses a worker whose
+    # broker or store is not its own. None (an older worker): not compared.
+    broker: str | None = Field(default=None, max_length=1000)
+    store: str | None = Field(default=None, max_length=1000)
 
 
 class WorkerRegistered(Message):

@@ -51,7 +51,7 @@
 | direct_calls               | THAW_DIRECT_CALLS            | true (warm sync calls go straight to the worker's data port) |
 | scale_up_window_s          | THAW_SCALE_UP_WINDOW_S       | 0 (scale up to the lowest recommendation of this window) |
 | scale_down_window_s        | THAW_SCALE_DOWN_WINDOW_S     | 60 (scale down to the highest recommendation of this window) |
-| worker_name                | THAW_WORKER_NAME             | (host name)          |
+| worker_name                | THAW_WORKER_NAME             | <host name>-<first 6 of the worker id> (unique per worker; a name a live worker has is refused) |
 | worker_dir                 | THAW_WORKER_DIR              | <home>/worker (id, code bundles; one per agent) |
 | worker_concurrency         | THAW_WORKER_CONCURRENCY      | 32 (Celery threads: calls + starts at once) |
 | drain_grace_s              | THAW_DRAIN_GRACE_S           | 30 (on SIGTERM/Ctrl-C a worker takes no new calls and lets running ones finish this long, then stops its replicas) |

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from control_plane.fingerprints import Fingerprint
 from control_plane.protocol import WorkerHeartbeat, WorkerRegister
 from control_plane.tracing import TracingConfig, open_tracing
 from worker.call_guard import CallLimits
@@ -75,6 +76,9 @@ class AgentConfig:
     data_advertise_host: str | None = None
     # On a stop, how long running calls may go on before the replicas are stopped.
     drain_grace_s: float = 30.0
+    # Where this agent's broker and store are (sent at registration; the control plane
+    # refuses a worker whose are not its own). None: not sent.
+    fingerprint: Fingerprint | None = None
 
 
 def worker_id(state_dir: Path) -> str:
@@ -119,6 +123,7 @@ class Agent:
 
     def register(self) -> None:
         cached, cache_bytes = self._cache()
+        fp = self.config.fingerprint
         reply = self.client.register(
             WorkerRegister(
                 worker_id=self.worker_id,
@@ -130,6 +135,8 @@ class Agent:
                 cache_bytes=cache_bytes,
                 data_addr=self._data_addr(),
                 data_token=self.data.token if self.data is not None else None,
+                broker=fp.broker if fp is not None else None,
+                store=fp.store if fp is not None else None,
             )
         )
         self.heartbeat_interval_s = reply.heartbeat_interval_s
@@ -145,7 +152,14 @@ class Agent:
         """Serve until ``stop`` is set; always stops replicas and the consumer."""
         if self.data is not None:
             self.data.start()
-        self.register()
+        try:
+            self.register()
+        except BaseException:  # refused or unreachable: leave nothing running behind
+            if self.data is not None:
+                self.data.stop()
+            self.runtime.close()
+            self.client.close()
+            raise
         handlers = Handlers(
             self.manager.start_replica, self.manager.stop_replica, self.manager.run_call
         )

@@ -13,13 +13,13 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from control_plane import heap
+from control_plane import fingerprints, heap
 from control_plane.settings import Settings
 from control_plane.tracing import tracing_config
 from snapshotter.ram_tier import RamTier
 from snapshotter.registry import Registry
 from snapshotter.stores import open_store
-from worker.agent import Agent, AgentConfig
+from worker.agent import Agent, AgentConfig, worker_id
 from worker.call_guard import CallLimits
 from worker.child_protocol import StoreSpec
 from worker.consumer import BrokerConfig
@@ -83,7 +83,8 @@ def agent_config(settings: Settings) -> AgentConfig:
             poll_interval_s=settings.broker_poll_interval_s,
         ),
         store=store_spec(settings),
-        name=settings.worker_name or socket.gethostname(),
+        name=settings.worker_name or default_name(worker_dir(settings)),
+        fingerprint=fingerprints.of_settings(settings),
         concurrency=settings.worker_concurrency,
         pool_size=settings.worker_pool_size,
         adapter_cache_size=settings.adapter_cache_size,
@@ -100,6 +101,12 @@ def agent_config(settings: Settings) -> AgentConfig:
         data_advertise_host=settings.worker_data_advertise_host,
         drain_grace_s=settings.drain_grace_s,
     )
+
+
+def default_name(state_dir: Path) -> str:
+    """The host name and the start of this agent's worker id: two workers on one
+    host get two names, and a restarted one keeps its own."""
+    return f"{socket.gethostname()}-{worker_id(state_dir)[:6]}"
 
 
 def build_agent(settings: Settings) -> Agent:

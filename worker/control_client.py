@@ -106,4 +106,13 @@ class ControlPlaneClient:
 
 def _refusal(path: str, r: httpx.Response) -> str:
     hint = " (check THAW_API_KEY: it needs scope worker)" if r.status_code in (401, 403) else ""
-    return f"POST {path} was refused with {r.status_code}: {r.text[:500]}{hint}"
+    return f"POST {path} was refused with {r.status_code}: {_detail(r)[:500]}{hint}"
+
+
+def _detail(r: httpx.Response) -> str:
+    """The control plane's own message (``{"detail": "..."}``), else the raw body."""
+    try:
+        detail = r.json().get("detail")
+    except (ValueError, AttributeError):
+        return r.text
+    return detail if isinstance(detail, str) else r.text

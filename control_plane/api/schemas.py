@@ -61,6 +61,16 @@ class CanaryPublic(BaseModel):
     started_at: float
 
 
+class HealthPublic(BaseModel):
+    """``failing``: the active version's latest replica start failed (``last_error``
+    says why); ``ok`` once a replica of that version becomes ready."""
+
+    state: Literal["ok", "failing"] = "ok"
+    last_error: str | None = None
+    last_error_at: float | None = None
+    last_error_replica_id: str | None = None
+
+
 class FunctionPublic(BaseModel):
     name: str
     version: int | None
@@ -69,11 +79,13 @@ class FunctionPublic(BaseModel):
     model_digest: str | None
     created_at: float
     canary: CanaryPublic | None = None  # GET /v1/functions/{name}/canary compares them
+    health: HealthPublic = Field(default_factory=HealthPublic)
 
     @classmethod
     def of(cls, f: FunctionInfo) -> FunctionPublic:
         canary = None if f.canary is None else CanaryPublic(**f.canary.__dict__)
-        return cls(**{**f.__dict__, "canary": canary})
+        health = HealthPublic(**f.health.__dict__)
+        return cls(**{**f.__dict__, "canary": canary, "health": health})
 
 
 class RollbackBody(BaseModel):
@@ -101,6 +113,8 @@ class CallPublic(BaseModel):
     error: str | None = None
     adapter: str | None = None
     cold: bool
+    replica_id: str | None = None  # the replica that ran (or last took) the call
+    worker: str | None = None  # the name of that replica's worker
     phases_ms: dict[str, float]
     timings_ms: dict[str, float]
     accepted_at: float
@@ -118,6 +132,8 @@ class CallPublic(BaseModel):
             error=c.error,
             adapter=c.adapter,
             cold=c.cold,
+            replica_id=c.replica_id,
+            worker=c.worker,
             phases_ms=c.phases_ms,
             timings_ms=c.timings_ms,
             accepted_at=c.accepted_at,

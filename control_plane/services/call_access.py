@@ -8,10 +8,12 @@ an admin key lists every call, any other key only its own.
 
 from __future__ import annotations
 
+import dataclasses
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from control_plane.db.models import Call
+from control_plane.db.models import Call, Replica, Worker
 from control_plane.errors import NotFoundError
 from control_plane.services import calls
 from control_plane.services.calls import CallView
@@ -35,7 +37,7 @@ def visible_call(session: Session, who: Principal, call_id: str) -> CallView:
     """The call ``call_id`` if ``who`` may see it; ``NotFoundError`` otherwise."""
     row = calls.get_row(session, call_id)
     require_visible(who, call_id, row.api_key_id)
-    return calls.view(row)
+    return with_workers(session, [calls.view(row)])[0]
 
 
 def list_visible(
@@ -50,4 +52,18 @@ def list_visible(
         query = query.where(Call.api_key_id == owner)
     capped = max(1, min(limit, MAX_LISTED_CALLS))
     rows = session.scalars(query.order_by(Call.accepted_at.desc()).limit(capped)).all()
-    return [calls.view(r) for r in rows]
+    return with_workers(session, [calls.view(r) for r in rows])
+
+
+def with_workers(session: Session, views: list[CallView]) -> list[CallView]:
+    """``views`` with ``worker`` set to the name of each one's replica's worker."""
+    replica_ids = {v.replica_id for v in views if v.replica_id is not None}
+    if not replica_ids:
+        return views
+    rows = session.execute(
+        select(Replica.id, Worker.name, Worker.id)
+        .join(Worker, Worker.id == Replica.worker_id)
+        .where(Replica.id.in_(replica_ids))
+    ).all()
+    names = {replica_id: name or worker_id for replica_id, name, worker_id in rows}
+    return [dataclasses.replace(v, worker=names.get(v.replica_id or "")) for v in views]

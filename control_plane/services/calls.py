@@ -77,6 +77,7 @@ class CallView:
     accepted_at: float
     deadline_at: float
     finished_at: float | None
+    worker: str | None = None  # the name of the replica's worker (``call_access`` fills it)
 
     @property
     def final(self) -> bool:

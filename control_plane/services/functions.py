@@ -25,7 +25,9 @@ from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call, Canary, Function, FunctionVersion
 from control_plane.errors import BadRequestError, NotFoundError
+from control_plane.services import function_health
 from control_plane.services.bundles import BundleValidator
+from control_plane.services.function_health import FunctionHealth
 from control_plane.services.states import NON_FINAL_CALL_STATES
 from control_plane.spec import FunctionSpec
 from snapshotter import pins
@@ -63,6 +65,7 @@ class FunctionInfo:
     model_digest: str | None
     created_at: float
     canary: CanaryInfo | None = None  # a version taking a share of calls beside it
+    health: FunctionHealth = function_health.OK  # from its active version's replica starts
 
 
 @dataclass(frozen=True)
@@ -289,8 +292,9 @@ def show(session: Session, name: str) -> FunctionInfo:
         if row_canary is None
         else CanaryInfo(row_canary.version, row_canary.weight_pct, row_canary.started_at)
     )
+    health = function_health.of(session, fn.name, fn.active_version)
     return FunctionInfo(
-        fn.name, fn.active_version, versions, spec, model_digest, fn.created_at, canary
+        fn.name, fn.active_version, versions, spec, model_digest, fn.created_at, canary, health
     )
 
 

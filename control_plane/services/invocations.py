@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
+from control_plane import fingerprints
 from control_plane.protocol import (
     CallEvent,
     HeartbeatReply,
@@ -116,7 +117,8 @@ class Invocations:
     # --- workers --------------------------------------------------------------
     def register(self, msg: WorkerRegister) -> WorkerRegistered:
         with self.s.db.session() as session:
-            row, touched = workers.register(session, self.s.metrics, self.s.clock(), msg)
+            server = fingerprints.of_settings(self.s.settings)
+            row, touched = workers.register(session, self.s.metrics, self.s.clock(), msg, server)
             queue = row.queue
         for call_id in touched:
             self.s.notifier.notify(call_id)

@@ -28,7 +28,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from control_plane.db.models import Call, Lock, Replica
+from control_plane.db.models import Call, Lock, Replica, Worker
 from control_plane.dispatch.base import UnsendableError
 from control_plane.errors import NoCapacityError, NotFoundError
 from control_plane.metrics import Metrics, set_series
@@ -292,7 +292,7 @@ class Reconciler:
         ).all()
         touched: list[str] = []
         for r in slow:
-            error = f"the replica did not become ready within {limit_s:g} s"
+            error = _slow_start_error(session, r, limit_s)
             # Most often a setup that hangs, which the next start would repeat: the
             # function's fault (its waiting calls end with this error, and the worker's
             # breaker does not count it).
@@ -438,3 +438,17 @@ def _model_bytes(services: Services, fn: ActiveVersion) -> int:
         return services.registry.get_manifest(fn.model_digest).raw_size
     except Exception:
         return 0
+
+
+def _slow_start_error(session: Session, r: Replica, limit_s: float) -> str:
+    """Why ``r`` is given up, as far as the books tell: a start message no worker
+    took (``pending``) points at the worker's broker; ``starting``, at the setup."""
+    error = f"the replica did not become ready within {limit_s:g} s"
+    worker = session.get(Worker, r.worker_id)
+    name = (worker.name or worker.id) if worker is not None else r.worker_id
+    if r.state == "pending":
+        return (
+            f"{error}: worker {name} never took its start message (is its broker the "
+            "control plane's? compare its THAW_BROKER_URL with the server's)"
+        )
+    return f"{error}: it was still starting on worker {name} (its setup may hang)"

@@ -16,7 +16,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call, Replica, Worker
-from control_plane.errors import NotFoundError
+from control_plane.errors import ConflictError, NotFoundError
+from control_plane.fingerprints import Fingerprint, differences
 from control_plane.metrics import Metrics, set_series
 from control_plane.protocol import HeartbeatReply, WorkerHeartbeat, WorkerRegister, worker_queue
 from control_plane.services import calls, inventory
@@ -37,13 +38,20 @@ class LostWork:
 
 
 def register(
-    session: Session, metrics: Metrics | None, now: float, msg: WorkerRegister
+    session: Session,
+    metrics: Metrics | None,
+    now: float,
+    msg: WorkerRegister,
+    server: Fingerprint | None = None,
 ) -> tuple[Worker, list[str]]:
     """Create or refresh the worker's record (a restarted worker re-registers).
 
     Returns the row and the ids of calls it re-queued or failed: a worker
-    that restarted lost its replicas and the calls running on them.
+    that restarted lost its replicas and the calls running on them. Raises
+    ``ConflictError`` (nothing recorded) for a worker whose broker or store is
+    not ``server``'s, or whose name another live worker has.
     """
+    check_admission(session, msg, server)
     touched: list[str] = []
     row = session.get(Worker, msg.worker_id)
     if row is None:
@@ -62,6 +70,28 @@ def register(
     row.healthy, row.lost, row.last_heartbeat_at = True, False, now
     session.flush()
     return row, touched
+
+
+def check_admission(session: Session, msg: WorkerRegister, server: Fingerprint | None) -> None:
+    """Refuse a worker that could never serve here, or that two workers' names would blur."""
+    if server is not None and msg.broker is not None and msg.store is not None:
+        diffs = differences(server, Fingerprint(msg.broker, msg.store))
+        if diffs:
+            raise ConflictError(
+                f"worker {msg.name or msg.worker_id} refused: " + "; and ".join(diffs)
+            )
+    if not msg.name:
+        return
+    other = session.scalar(
+        select(Worker.id).where(
+            Worker.name == msg.name, Worker.id != msg.worker_id, Worker.lost.is_(False)
+        )
+    )
+    if other is not None:
+        raise ConflictError(
+            f"worker name {msg.name!r} is taken by live worker {other}; set another "
+            "THAW_WORKER_NAME (or leave it unset for a unique default)"
+        )
 
 
 def heartbeat(session: Session, now: float, worker_id: str, msg: WorkerHeartbeat) -> HeartbeatReply:

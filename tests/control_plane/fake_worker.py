@@ -93,7 +93,7 @@ class FakeWorker:
     def start(self) -> FakeWorker:
         msg = WorkerRegister(
             worker_id=self.id,
-            name="fake",
+            name=f"fake-{self.id[:8]}",
             devices=[DeviceInfo(kind="cpu", name="cpu", memory_bytes=1 << 30)],
             memory_bytes=1 << 30,
             cached_manifests=self.cached_manifests,

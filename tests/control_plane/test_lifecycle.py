@@ -150,6 +150,12 @@ def test_replica_that_never_gets_ready_fails_the_waiting_call(
         assert r.status_code == 500
         assert "did not become ready within 0.5 s" in r.json()["error"]
     _wait(lambda: any(t == "thaw.stop_replica" for t, _ in worker.received))
+    with cp.client() as c:
+        health = c.get("/v1/functions/echo").json()["health"]
+    # Issue #25: the reason a start was given up is on the function's record.
+    assert health["state"] == "failing", health
+    assert "did not become ready within 0.5 s" in health["last_error"]
+    assert f"worker fake-{worker.id[:8]}" in health["last_error"]
 
 
 def test_a_retried_output_post_is_stored_once_in_the_workers_order(cp: ControlPlane) -> None:

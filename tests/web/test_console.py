@@ -58,14 +58,16 @@ def series_total_js(label: str, total: int) -> str:
     )
 
 
-def deploy_via_api(platform: Platform, name: str, again: bool = False) -> None:
-    """Deploy the streamer bundle as ``name`` through the REST API (setup for a test);
-    ``again`` deploys a new version even when the function exists: its spec differs
-    (an environment variable), since a deploy that repeats the serving version makes
-    none."""
-    folder = BUNDLES / "streamer"
+def deploy_via_api(
+    platform: Platform, name: str, again: bool = False, bundle: str = "streamer"
+) -> None:
+    """Deploy ``bundle`` (the streamer by default) as ``name`` through the REST API
+    (setup for a test); ``again`` deploys a new version even when the function exists:
+    its spec differs (an environment variable), since a deploy that repeats the serving
+    version makes none."""
+    folder = BUNDLES / bundle
     files = [("files", (p.name, p.read_bytes())) for p in sorted(folder.iterdir())]
-    paths = [f"streamer/{p.name}" for p in sorted(folder.iterdir())]
+    paths = [f"{bundle}/{p.name}" for p in sorted(folder.iterdir())]
     with platform.client() as c:
         if c.get(f"/v1/functions/{name}").status_code == 200 and not again:
             return
@@ -225,6 +227,29 @@ def test_failed_deploy_and_failed_call_show_messages(console: Console, platform:
     alert.get_by_text("not valid JSON").wait_for()
     console.screenshot("invalid-input")
     console.assert_clean(expected_statuses=(400,))
+
+
+def test_a_function_whose_setup_fails_is_drawn_failing(
+    console: Console, platform: Platform
+) -> None:
+    deploy_via_api(platform, "setup-fails", bundle="setup_fails")
+    with platform.client() as c:
+        r = c.post("/v1/functions/setup-fails/invoke", json={"input": {}})
+        assert r.status_code == 500, r.text
+        health = c.get("/v1/functions/setup-fails").json()["health"]
+    assert health["state"] == "failing", health
+    assert "setup failed on purpose" in health["last_error"]
+    page: Any = console.page
+    sign_in(console, platform.admin_key)
+    row = page.locator('tr[data-function="setup-fails"]')
+    row.get_by_text("failing", exact=True).wait_for()
+    console.screenshot("functions-failing")
+    open_function(console, platform, "setup-fails")
+    note = page.locator("#fn-health")
+    note.get_by_text("failing", exact=True).wait_for()
+    assert "setup failed on purpose" in note.inner_text()
+    console.screenshot("function-failing")
+    console.assert_clean()
 
 
 def test_create_then_revoke_a_key(console: Console, platform: Platform) -> None:

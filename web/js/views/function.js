@@ -5,6 +5,7 @@
 import { api, invokeOnce, invokeStream } from "../api.js";
 import { drawHistogram, drawWaterfall } from "../charts.js";
 import { canaryCard } from "./canary.js";
+import { healthNote } from "./health.js";
 import { field, formatMs, formatPercent, formatTime, h, replace } from "../dom.js";
 
 const RECENT_CALLS = 200;
@@ -214,12 +215,18 @@ export async function render(root, [name], ctx) {
   const [fn, stats] = await Promise.all([api.get(path), api.get(`${path}/stats`)]);
   if (ctx.stale()) return;
   const statsBox = h("div", {}, statsList(stats));
+  const healthBox = h("div", {}, healthNote(fn.health));
   const canary = canaryCard(fn, ctx);
   const refresh = async () => {
-    const [s, calls] = await Promise.all([api.get(`${path}/stats`), api.get(`${path}/calls?limit=${RECENT_CALLS}`)]);
+    const [s, calls, now] = await Promise.all([
+      api.get(`${path}/stats`),
+      api.get(`${path}/calls?limit=${RECENT_CALLS}`),
+      api.get(path),
+    ]);
     if (ctx.stale()) return;
     if (canary) await canary.refresh();
     replace(statsBox, statsList(s));
+    replace(healthBox, healthNote(now.health));
     drawHistogram(document.getElementById("latency-chart"), calls);
     drawWaterfall(document.getElementById("waterfall-chart"), calls);
     const coldSeen = calls.some((c) => c.cold);
@@ -231,6 +238,7 @@ export async function render(root, [name], ctx) {
     root,
     h("h2", { tabindex: "-1" }, `Function ${fn.name}`, h("span", { class: "muted" }, ` v${fn.version ?? "–"}`)),
     h("div", { class: "row" }, statsBox, refreshButton),
+    healthBox,
     canary,
     h("div", { class: "grid" }, playgroundCard(fn, ctx, refresh), scalingCard(fn, ctx, refresh)),
     h(

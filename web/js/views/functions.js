@@ -2,19 +2,20 @@
 
 import { api } from "../api.js";
 import { formatMs, formatPercent, h, replace, table } from "../dom.js";
+import { healthBadge } from "./health.js";
 
 function replicaSummary(replicas) {
   const parts = Object.entries(replicas).map(([state, n]) => `${n} ${state}`);
   return parts.length ? parts.join(", ") : "none";
 }
 
-function row(s) {
+function row(s, health) {
   const link = h("a", { href: `#/function/${encodeURIComponent(s.name)}` }, s.name);
   return h(
     "tr",
     { "data-function": s.name },
     h("th", { scope: "row" }, link),
-    h("td", {}, h("span", { class: `badge ${s.status}` }, s.status)),
+    h("td", {}, h("span", { class: `badge ${s.status}` }, s.status), " ", healthBadge(health)),
     h("td", { class: "num" }, s.version ?? "–"),
     h("td", {}, replicaSummary(s.replicas)),
     h("td", { class: "num" }, s.calls, s.calls_failed ? ` (${s.calls_failed} failed)` : ""),
@@ -41,8 +42,9 @@ export async function render(root, _params, ctx) {
 
 // Redraws the table; a link that had keyboard focus keeps it across the redraw.
 async function draw(box, ctx) {
-  const stats = await api.get("/v1/stats/functions");
+  const [stats, fns] = await Promise.all([api.get("/v1/stats/functions"), api.get("/v1/functions")]);
   if (ctx.stale()) return;
+  const health = Object.fromEntries(fns.map((f) => [f.name, f.health]));
   const focused = box.contains(document.activeElement) ? document.activeElement.closest("tr") : null;
   const focusedName = focused ? focused.dataset.function : null;
   replace(
@@ -51,7 +53,7 @@ async function draw(box, ctx) {
       ? table(
           "Functions",
           ["Name", "Status", "Version", "Replicas", "Calls", "Cold starts", "Warm p50 / p95", "Cold p50 / p95"],
-          stats.map(row),
+          stats.map((s) => row(s, health[s.name])),
         )
       : h("p", {}, "No functions yet. ", h("a", { href: "#/deploy" }, "Deploy one"), "."),
   );
