@@ -22,15 +22,16 @@ from rich.table import Table
 
 from cli import health
 from cli.control import check, client, err, fail, out, print_json
+from cli.scale import scale
+from cli.store import STORE_HELP, open_registry
 from control_plane.settings import Settings
 from control_plane.spec import FunctionSpec
 from snapshotter.errors import SnapshotterError
 from snapshotter.manifest import ArtifactKind
 from snapshotter.push import push_directory
-from snapshotter.registry import Registry
-from snapshotter.stores import open_store
 
-app = typer.Typer(no_args_is_help=True, help="List, show, delete and roll back functions.")
+app = typer.Typer(no_args_is_help=True, help="List, show, scale, delete and roll back functions.")
+app.command("scale")(scale)
 PLACEHOLDER_DIGEST = "blake3:" + "0" * 64
 
 
@@ -64,7 +65,7 @@ def validate_spec(doc: dict[str, Any], directory: Path) -> FunctionSpec:
 
 def deploy(
     directory: Annotated[Path, typer.Argument(exists=True, file_okay=False)],
-    store: Annotated[str | None, typer.Option(help="directory or s3://… (THAW_STORE)")] = None,
+    store: Annotated[str | None, typer.Option(help=STORE_HELP)] = None,
     canary: Annotated[
         float | None,
         typer.Option(
@@ -76,7 +77,7 @@ def deploy(
     settings = Settings()
     spec = validate_spec(read_spec_file(directory), directory)
     try:
-        registry = Registry(open_store(settings.store_config(store)))
+        registry = open_registry(settings, store)
         pushed = push_directory(
             directory, f"bundles/{spec.name}:latest", registry, kind=ArtifactKind.BUNDLE
         )

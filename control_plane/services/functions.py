@@ -80,8 +80,10 @@ def _resolve(registry: Registry, ref: str, kind: ArtifactKind, what: str) -> str
         digest = registry.resolve(ref)
         manifest = registry.get_manifest(digest)
     except StoreNotFound:
+        url = registry.store.url
         raise BadRequestError(
-            f"{what} {ref} is not in the store; push it with `thaw models push DIR {ref}`"
+            f"{what} {ref} is not in the store {url} (the control plane's); push it there "
+            f"with `thaw models push DIR {ref} --store {url}`"
         ) from None
     except SnapshotterError as exc:
         raise BadRequestError(f"{what} {ref}: {exc}") from None
