@@ -1,6 +1,8 @@
-"""Fill a module built on the meta device with loaded tensors, without init or copies.
+"""Fill a module skeleton with loaded tensors, without init or copies.
 
-What ``fill_module`` does, in order:
+The skeleton is built with ``snapshotter.skeleton.empty_weights`` (parameters
+on meta, buffers real) or under ``torch.device("meta")``. What
+``fill_module`` does, in order:
 
 1. ``load_state_dict(tensors, assign=True, strict=False)``: parameters and
    persistent buffers BECOME the loaded tensors (views of the load buffers);
@@ -8,13 +10,17 @@ What ``fill_module`` does, in order:
 2. ``module.tie_weights()`` when the module has it (Hugging Face models), so
    a weight the checkpoint omits because it is tied (``lm_head.weight`` with
    ``tie_word_embeddings``) points at its loaded twin.
-3. Non-persistent buffers still on meta (never in a checkpoint: rotary
-   ``inv_freq`` and the like) are recomputed by building a fresh instance of
-   their submodule on the CPU from its ``config`` (``type(sub)(sub.config)``,
-   which is how Hugging Face submodules are built) and moving those buffers
-   to the device. The submodule is small; no weights are built.
-4. Anything still on meta is missing. With ``strict`` a missing or
-   unexpected name raises ``StateDictMismatchError`` listing them.
+3. Buffers the checkpoint did not supply are moved to the device: the real
+   ones the constructor made, and those still on meta rebuilt as the
+   constructor makes them (``skeleton.rebuilt_buffer``). Non-persistent
+   buffers (position ids, rotary ``inv_freq``) are never in a checkpoint, by
+   design: this is not a mismatch.
+4. Anything still on meta fails the fill, ``strict`` or not, with
+   ``UnfilledTensorsError`` naming the tensors: a forward pass through them
+   would fail or, worse, answer wrongly.
+5. With ``strict``, a state-dict name the artifact lacks (a persistent buffer
+   now holding the constructor's value) or a tensor the module does not have
+   raises ``StateDictMismatchError``; without it they are reported.
 """
 
 from __future__ import annotations
@@ -25,28 +31,36 @@ from typing import TYPE_CHECKING
 import torch
 
 from snapshotter.errors import SnapshotterError
+from snapshotter.skeleton import rebuilt_buffer
 
 if TYPE_CHECKING:
     from snapshotter.loader import LoadedTensors, LoadReport
+
+_LISTED = 10  # names quoted in a message; the count says how many in all
 
 
 class StateDictMismatchError(SnapshotterError):
     """The artifact's tensors do not match the module's state dict."""
 
 
+class UnfilledTensorsError(StateDictMismatchError):
+    """Tensors are still on the meta device after the fill: the checkpoint lacks them,
+    or they are buffers no config rebuilds. Raised whatever ``strict`` says."""
+
+
 @dataclass(frozen=True)
 class ModuleLoadResult:
     report: LoadReport
-    missing_keys: tuple[str, ...]  # still on meta after the fill
+    missing_keys: tuple[str, ...]  # state-dict names the artifact lacks (constructor values)
     unexpected_keys: tuple[str, ...]  # in the artifact, not in the module
-    recomputed_buffers: tuple[str, ...]  # non-persistent buffers rebuilt from config
+    recomputed_buffers: tuple[str, ...]  # buffers the artifact lacks: the constructor's values
 
 
 def fill_module(
     module: torch.nn.Module, tensors: LoadedTensors, device: torch.device, *, strict: bool = True
 ) -> ModuleLoadResult:
     """Make ``tensors`` the module's state; see the module docstring."""
-    expected = set(module.state_dict(keep_vars=True))
+    expected = module.state_dict(keep_vars=True)
     unexpected = tuple(sorted(k for k in tensors if k not in expected))
     module.load_state_dict(
         {k: v for k, v in tensors.items() if k in expected}, strict=False, assign=True
@@ -54,52 +68,78 @@ def fill_module(
     tie = getattr(module, "tie_weights", None)
     if callable(tie):
         tie()
-    recomputed = tuple(_recompute_meta_buffers(module, device))
-    missing = tuple(sorted(_still_meta(module)))
+    missing = _missing(module, tensors)
+    recomputed = tuple(_place_buffers(module, set(tensors), device))
+    ref = tensors.report.ref if tensors.report is not None else "the weights"
+    _refuse_meta(module, expected, ref)
     if strict and (missing or unexpected):
         raise StateDictMismatchError(
-            f"{tensors.report.ref} does not match {type(module).__name__}: "
-            f"missing {list(missing)[:10]} ({len(missing)} in all), "
-            f"unexpected {list(unexpected)[:10]} ({len(unexpected)} in all); "
-            "check the model class and config, or pass strict=False"
+            f"{ref} does not match {type(module).__name__}: "
+            f"missing {_names(missing)}, unexpected {_names(unexpected)}; "
+            "check the model class and config against the checkpoint. If that is "
+            "intended (extra tensors in the checkpoint, persistent buffers the "
+            "constructor makes), pass strict=False"
         )
     return ModuleLoadResult(tensors.report, missing, unexpected, recomputed)
 
 
-def _still_meta(module: torch.nn.Module) -> list[str]:
-    names = [n for n, p in module.named_parameters() if p.is_meta]
-    names += [n for n, b in module.named_buffers() if b is not None and b.is_meta]
-    return names
+def _names(names: tuple[str, ...] | list[str]) -> str:
+    return f"{list(names)[:_LISTED]} ({len(names)} in all)"
 
 
-def _recompute_meta_buffers(module: torch.nn.Module, device: torch.device) -> list[str]:
+def _missing(module: torch.nn.Module, tensors: LoadedTensors) -> tuple[str, ...]:
+    """State-dict names the artifact lacks, less those ``tie_weights`` pointed at a loaded one."""
+    state = module.state_dict(keep_vars=True)
+    filled = {id(t) for k, t in state.items() if k in tensors}
+    return tuple(sorted(k for k, t in state.items() if k not in tensors and id(t) not in filled))
+
+
+def _place_buffers(module: torch.nn.Module, loaded: set[str], device: torch.device) -> list[str]:
+    """Buffers not in ``loaded`` onto ``device``, those on meta rebuilt first; their names."""
     done: list[str] = []
-    for path, sub in module.named_modules():
-        non_persistent: set[str] = getattr(sub, "_non_persistent_buffers_set", set())
-        names = [
-            n
-            for n, b in sub.named_buffers(recurse=False)
-            if b is not None and b.is_meta and n in non_persistent
-        ]
-        if not names:
+    builds: dict[str, torch.nn.Module | None] = {}
+    for path, value in list(module.named_buffers(remove_duplicate=False)):
+        if path in loaded or value is None:
             continue
-        fresh = _rebuild(sub)
-        if fresh is None:
+        if value.is_meta:
+            fresh = rebuilt_buffer(module, path, value, builds)
+            if fresh is None:
+                continue  # left on meta: _refuse_meta names it
+            value = fresh.to(dtype=value.dtype)
+        elif value.device == device:
+            done.append(path)
             continue
-        for name in names:
-            value = getattr(fresh, name)
-            sub.register_buffer(name, value.to(device), persistent=False)
-            done.append(f"{path}.{name}" if path else name)
+        owner, _, name = path.rpartition(".")
+        sub = module.get_submodule(owner)
+        persistent = name not in sub._non_persistent_buffers_set
+        sub.register_buffer(name, value.to(device), persistent=persistent)
+        done.append(path)
     return done
 
 
-def _rebuild(sub: torch.nn.Module) -> torch.nn.Module | None:
-    config = getattr(sub, "config", None)
-    if config is None:
-        return None
-    # The caller may still be inside ``with torch.device("meta")``.
-    with torch.device("cpu"):
-        try:
-            return type(sub)(config)
-        except TypeError:
-            return None
+def _refuse_meta(module: torch.nn.Module, expected: dict[str, torch.Tensor], ref: str) -> None:
+    """Raise ``UnfilledTensorsError`` naming every tensor still on meta, and why."""
+    params = [n for n, p in module.named_parameters(remove_duplicate=False) if p.is_meta]
+    buffers = [
+        n for n, b in module.named_buffers(remove_duplicate=False) if b is not None and b.is_meta
+    ]
+    if not params and not buffers:
+        return
+    lacking = [n for n in [*params, *buffers] if n in expected]
+    unbuilt = [n for n in buffers if n not in expected]
+    advice = []
+    if lacking:
+        advice.append(
+            f"{_names(lacking)} are not in {ref}: the model class or config does not "
+            "match the checkpoint"
+        )
+    if unbuilt:
+        advice.append(
+            f"non-persistent buffers {_names(unbuilt)} could not be rebuilt from a config: "
+            "build the model under snapshotter.skeleton.empty_weights() (ctx.empty_weights() "
+            "in a function), which keeps buffers real"
+        )
+    raise UnfilledTensorsError(
+        f"{len(params) + len(buffers)} tensors of {type(module).__name__} are still on the "
+        f"meta device after filling it from {ref}: " + "; ".join(advice)
+    )

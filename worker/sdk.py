@@ -15,6 +15,9 @@ bundle, makes one instance per replica with no arguments, and then::
             #              (tokenizer.json, generation_config.json, ...)
             # ctx.adapters {adapter name: Adapter(tensors, config)} for every LoRA
             #              adapter named in the spec, tensors on ctx.device
+            with ctx.empty_weights():   # parameters on meta, buffers real
+                model = LlamaForCausalLM(LlamaConfig.from_dict(ctx.config))
+            ctx.fill_module(model)      # the weights become the parameters
             ...
 
         def load_adapter(self, adapter: thaw.Adapter) -> None:
@@ -95,6 +98,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -125,13 +129,32 @@ class Context:
     # Set by the worker: told of every module filled, to record its first forward pass.
     on_fill: Callable[[Any], None] | None = field(default=None, repr=False)
 
+    def empty_weights(self) -> AbstractContextManager[None]:
+        """A context manager to build a model skeleton for ``fill_module`` in::
+
+            with ctx.empty_weights():
+                model = BertForSequenceClassification(config)
+
+        Parameters are made on the meta device (no memory, no initialisation);
+        buffers are made by the model's constructor, real, on the CPU: the
+        non-persistent ones (position ids, rotary frequencies) are in no
+        checkpoint, so this is where their values come from. Process-wide
+        while the block runs (``snapshotter.skeleton``).
+        """
+        from snapshotter.skeleton import empty_weights
+
+        return empty_weights()
+
     def fill_module(self, module: Any, *, strict: bool = True) -> Any:
-        """Make ``weights`` the state of ``module`` built on the meta device.
+        """Make ``weights`` the state of ``module``, built under ``empty_weights()``
+        (or ``torch.device("meta")``).
 
         No initialisation and no copy: parameters become the streamed tensors;
-        tied weights are re-tied and non-persistent buffers (rotary
-        frequencies) rebuilt. Returns the snapshotter's ``ModuleLoadResult``;
-        with ``strict`` a name mismatch raises ``StateDictMismatchError``.
+        tied weights are re-tied; buffers the checkpoint lacks move to ``device``
+        (rebuilt from the model's config when they were made on meta). Returns the
+        snapshotter's ``ModuleLoadResult``. A tensor still on meta afterwards
+        raises ``UnfilledTensorsError`` naming it, ``strict`` or not; with
+        ``strict`` any other name mismatch raises ``StateDictMismatchError``.
         The first call's forward pass through it becomes the model's
         prefetch profile (its next cold start fetches those tensors first).
         """

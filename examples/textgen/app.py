@@ -1,9 +1,9 @@
 """Example thaw function: text generation with a Llama and LoRA adapters.
 
-The model is built from the pushed model's ``config.json`` on the meta
-device (no memory, no initialisation) and filled with the weights thaw
-already streamed onto the device; the tokenizer comes from the model's
-small files. Nothing is downloaded.
+The model is built from the pushed model's ``config.json`` with its
+parameters on the meta device (no memory, no initialisation) and filled
+with the weights thaw already streamed onto the device; the tokenizer
+comes from the model's small files. Nothing is downloaded.
 
 Input::
 
@@ -42,7 +42,7 @@ class TextGen:
         self.device = ctx.device
         self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(ctx.files))
         config = LlamaConfig.from_dict(ctx.config)
-        with torch.device("meta"):
+        with ctx.empty_weights():
             model = LlamaForCausalLM(config)
         ctx.fill_module(model)
         self.model: Any = model.eval()

@@ -12,7 +12,6 @@ from safetensors.torch import load_file, save_file
 
 from snapshotter import DiskCache, Snapshotter, load, load_into_module
 from snapshotter.config import CacheConfig, LoaderConfig, StoreConfig
-from snapshotter.module_fill import StateDictMismatchError
 from snapshotter.pipeline import ByteSemaphore
 from snapshotter.registry import Registry
 from snapshotter.stores.local import LocalStore
@@ -124,23 +123,6 @@ def test_read_file_returns_verified_bytes_through_the_cache(
     assert store.chunk_gets() == []
     with pytest.raises(KeyError, match=r"no file 'nope\.json'"):
         snap.read_file("llama:v1", "nope.json")
-
-
-def test_fill_reports_missing_and_unexpected_keys(tmp_path: Path, llama_dir: Path) -> None:
-    from transformers import AutoConfig, LlamaForCausalLM
-
-    registry = Registry(LocalStore(tmp_path / "store"))
-    push(registry, llama_dir, "llama:v1")
-    config = AutoConfig.from_pretrained(llama_dir)
-    config.num_hidden_layers = 3  # the checkpoint has 2 layers
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    with pytest.raises(StateDictMismatchError, match=r"missing \['model.layers.2"):
-        load_into_module(model, "llama:v1", registry=registry)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    result = load_into_module(model, "llama:v1", registry=registry, strict=False)
-    assert result.missing_keys and all(k.startswith("model.layers.2.") for k in result.missing_keys)
 
 
 def test_in_flight_bytes_stay_under_the_cap(tmp_path: Path, llama_dir: Path) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 import worker.sdk as sdk
+from tests.fixtures.models import build_bert_classifier
 from worker.sdk import Context, accepts_call_context, is_stream
 
 
@@ -82,6 +85,31 @@ def test_fill_module_adopts_weights_without_copy() -> None:
     assert torch.equal(
         module(torch.ones(1, 2)), torch.ones(1, 2) @ weights["weight"].T + weights["bias"]
     )
+
+
+def test_readme_pattern_fills_a_bert_with_its_position_ids(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from snapshotter.loader import LoadedTensors
+
+    build_bert_classifier(tmp_path)
+    tensors = LoadedTensors(load_file(tmp_path / "model.safetensors"))
+    tensors.report = None  # type: ignore[assignment]
+    ctx = Context(
+        device="cpu", weights=tensors, config=json.loads((tmp_path / "config.json").read_text())
+    )
+    with ctx.empty_weights():
+        model = BertForSequenceClassification(BertConfig.from_dict(ctx.config))
+    result = ctx.fill_module(model)
+    assert set(result.recomputed_buffers) == {
+        "bert.embeddings.position_ids",
+        "bert.embeddings.token_type_ids",
+    }
+    reference = BertForSequenceClassification.from_pretrained(tmp_path).eval()
+    ids = torch.tensor([[2, 7, 9, 3]])
+    with torch.no_grad():
+        assert torch.equal(model.eval()(ids).logits, reference(ids).logits)
 
 
 def test_public_surface_is_pinned() -> None:
