@@ -16,6 +16,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
+import httpx
 import typer
 from pydantic import ValidationError
 from rich.table import Table
@@ -99,29 +100,92 @@ def deploy(
 
 @app.command("ls")
 def ls() -> None:
+    """Every function: its active version, model, device, scaling span, live
+    replicas, calls so far and warm/cold median latency, and its health (a function
+    whose replicas keep failing to start shows "failing")."""
     with client(Settings()) as c:
         fns = check(c.get("/v1/functions"))
-    table = Table("name", "version", "model", "device", "replicas (min..max)", "health")
+        stats = _stats(c)
+    table = Table(
+        "name",
+        "version",
+        "model",
+        "device",
+        "replicas (min..max)",
+        "live",
+        "calls",
+        "p50 warm / cold",
+        "health",
+    )
     for f in fns:
         spec = f["spec"] or {}
         scaling = spec.get("scaling", {})
         span = f"{scaling.get('min_replicas', '')}..{scaling.get('max_replicas', '')}"
+        st = stats.get(f["name"])
         table.add_row(
             f["name"],
             str(f["version"]),
             spec.get("model") or "",
             spec.get("device", ""),
             span,
+            _live(st),
+            "" if st is None else f"{st['calls']} ({st['calls_failed']} failed)",
+            _medians(st),
             health.cell(f),
         )
     out.print(table)
 
 
+def _stats(c: httpx.Client) -> dict[str, dict[str, Any]]:
+    """Per-function stats by name; none for a key without the deploy scope."""
+    r = c.get("/v1/stats/functions")
+    if r.status_code == 403:
+        return {}
+    return {s["name"]: s for s in check(r)}
+
+
+def _live(st: dict[str, Any] | None) -> str:
+    if st is None:
+        return ""
+    live = {k: n for k, n in st["replicas"].items() if n and k in ("ready", "starting", "pending")}
+    return ", ".join(f"{n} {state}" for state, n in sorted(live.items())) or "0"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} ms" if value >= 10 else f"{value:.1f} ms"
+
+
+def _medians(st: dict[str, Any] | None) -> str:
+    if st is None:
+        return ""
+    return f"{_ms(st['warm']['p50_ms'])} / {_ms(st['cold']['p50_ms'])}"
+
+
 @app.command("show")
 def show(name: str) -> None:
+    """A function's record (spec, versions, canary, health) as JSON, then its live
+    replicas and recent latency: warm and cold p50/p95 and the median cold start's
+    phases."""
     with client(Settings()) as c:
         fn = check(c.get(f"/v1/functions/{name}"))
+        r = c.get(f"/v1/functions/{name}/stats")
+        st = check(r) if r.status_code != 403 else None
     print_json(fn)
+    if st is not None:
+        warm, cold = st["warm"], st["cold"]
+        out.print(
+            f"replicas: {_live(st)}; calls: {st['calls']} ({st['calls_failed']} failed); "
+            f"warm p50 {_ms(warm['p50_ms'])}, p95 {_ms(warm['p95_ms'])}; "
+            f"cold p50 {_ms(cold['p50_ms'])}, p95 {_ms(cold['p95_ms'])}",
+            soft_wrap=True,
+        )
+        phases = st.get("phase_medians_ms") or {}
+        if phases:
+            out.print(
+                "cold start phases (medians): "
+                + ", ".join(f"{k} {_ms(v)}" for k, v in phases.items()),
+                soft_wrap=True,
+            )
     line = health.note(fn)
     if line is not None:
         err.print(line, soft_wrap=True)
@@ -140,6 +204,8 @@ def rollback(
     name: str,
     version: Annotated[int | None, typer.Option(help="default: the previous version")] = None,
 ) -> None:
+    """Make an earlier version of NAME the active one again (its replicas start as
+    needed; calls already accepted keep the version they were accepted on)."""
     with client(Settings()) as c:
         fn = check(c.post(f"/v1/functions/{name}/rollback", json={"version": version}))
     out.print(f"{name} now serves version {fn['version']}")

@@ -10,7 +10,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -210,3 +212,38 @@ def test_workers_ls_shows_health_devices_and_replicas(cp: ControlPlane, code_dir
     assert [w["id"] for w in json.loads(r.output)] == [worker.id]
     r = runner.invoke(app, ["workers", "ls"], env=_env(cp, cp.key("invoke")))
     assert r.exit_code == 2 and "403" in r.output
+
+
+def test_functions_ls_and_show_give_replicas_calls_and_latency(
+    cp: ControlPlane, code_dir: Path
+) -> None:
+    cp.worker()
+    env = {**_env(cp), "COLUMNS": "250"}
+    assert runner.invoke(app, ["deploy", str(code_dir)], env=env).exit_code == 0
+    for i in range(3):
+        assert runner.invoke(app, ["invoke", "hello", "--data", str(i)], env=env).exit_code == 0
+    r = runner.invoke(app, ["functions", "ls"], env=env)
+    assert r.exit_code == 0, r.output
+    [row] = [line for line in r.output.splitlines() if "hello" in line]
+    assert "1 ready" in row and "3 (0 failed)" in row and " ms / " in row, r.output
+    r = runner.invoke(app, ["functions", "show", "hello"], env=env)
+    assert r.exit_code == 0, r.output
+    assert re.search(r"replicas: 1 ready; calls: 3 \(0 failed\); warm p50 [\d.]+ ms", r.output)
+    r = runner.invoke(app, ["functions", "ls"], env={**env, "THAW_API_KEY": cp.key("invoke")})
+    assert r.exit_code == 2 and "403" in r.output, r.output  # listing needs deploy
+
+
+def test_every_command_has_help_text() -> None:
+    import typer.main
+
+    def walk(command: Any, path: str) -> Iterator[tuple[str, Any]]:
+        yield path, command
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from walk(sub, f"{path} {name}")
+
+    missing = [
+        path
+        for path, command in walk(typer.main.get_command(app), "thaw")
+        if not (command.help or "").strip()
+    ]
+    assert not missing, f"commands without help text: {missing}"
