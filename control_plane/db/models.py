@@ -80,6 +80,9 @@ class FunctionVersion(Base):
     model_digest: Mapped[str | None] = mapped_column(String(100), nullable=True)
     adapters_json: Mapped[str] = mapped_column(Text, default="[]")
     created_at: Mapped[float] = mapped_column(Float)
+    # The entry class defines load_adapter (the deploy check saw it); None: deployed
+    # before thaw recorded it.
+    loads_adapters: Mapped[bool | None] = mapped_column(Boolean, nullable=True, default=None)
 
 
 class Worker(Base):

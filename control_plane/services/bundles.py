@@ -6,16 +6,21 @@ bundle, with a minimal environment and a timeout. A bundle that does not
 import, or whose entry class is missing or has neither ``__call__`` nor
 ``batch`` (a batched function's), is refused with the subprocess's own
 error, and the function's previous version keeps serving. (The worker
-validates again, for real, when it starts a replica.)
+validates again, for real, when it starts a replica.) What the check learns of
+the class is returned (``EntryTraits``): whether it can load an adapter the spec
+does not list (``load_adapter``), so a call naming one to a class that cannot is
+refused before it is accepted.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from control_plane.errors import BadRequestError
@@ -25,10 +30,18 @@ from snapshotter.errors import IntegrityError
 from snapshotter.manifest import Manifest
 from snapshotter.registry import Registry
 
-BundleValidator = Callable[[Registry, str, str], None]
+
+@dataclass(frozen=True)
+class EntryTraits:
+    """What the deploy check saw of the entry class."""
+
+    loads_adapters: bool  # defines load_adapter(self, adapter): ad-hoc adapters work
+
+
+BundleValidator = Callable[[Registry, str, str], EntryTraits]
 
 _CHECK = """
-import importlib, sys
+import importlib, json, sys
 mod_name, _, cls_name = sys.argv[1].partition(":")
 mod = importlib.import_module(mod_name)
 cls = getattr(mod, cls_name, None)
@@ -40,6 +53,8 @@ if not isinstance(cls, type) or not any(
 ):
     sys.exit(f"{sys.argv[1]} is not a class that defines __call__(self, input) "
              "or batch(self, inputs)")
+print()  # the traits on a line of their own, whatever the module printed
+print(json.dumps({"loads_adapters": callable(getattr(cls, "load_adapter", None))}))
 """
 
 
@@ -62,17 +77,17 @@ def materialize(registry: Registry, manifest: Manifest, dest: Path) -> None:
 def subprocess_validator(timeout_s: float) -> BundleValidator:
     """A validator that imports ``entry`` from the bundle in an isolated subprocess."""
 
-    def validate(registry: Registry, bundle_digest: str, entry: str) -> None:
+    def validate(registry: Registry, bundle_digest: str, entry: str) -> EntryTraits:
         manifest = registry.get_manifest(bundle_digest)
         with tempfile.TemporaryDirectory(prefix="thaw-bundle-") as tmp:
             root = Path(tmp)
             materialize(registry, manifest, root)
-            _run_check(root, entry, timeout_s)
+            return _run_check(root, entry, timeout_s)
 
     return validate
 
 
-def _run_check(root: Path, entry: str, timeout_s: float) -> None:
+def _run_check(root: Path, entry: str, timeout_s: float) -> EntryTraits:
     # -I ignores PYTHONPATH, so the script puts the bundle first on sys.path itself.
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     script = f"import sys; sys.path.insert(0, {str(root)!r})\n{_CHECK}"
@@ -92,3 +107,6 @@ def _run_check(root: Path, entry: str, timeout_s: float) -> None:
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         raise BadRequestError(f"the bundle's entry {entry} does not import:\n{tail}")
+    # The last line is the check's own; the module may print before it.
+    traits = json.loads(proc.stdout.strip().splitlines()[-1])
+    return EntryTraits(loads_adapters=bool(traits["loads_adapters"]))

@@ -183,6 +183,12 @@ def _accept_once(
 
 def _check_unlisted_adapter(registry: Registry | None, fn: ActiveVersion, ref: str) -> None:
     known = ", ".join(a.name for a in fn.adapters) or "none"
+    if fn.loads_adapters is False:
+        raise BadRequestError(
+            f"function {fn.name} cannot load adapter {ref!r}: its class {fn.spec.entry} "
+            f"defines no load_adapter(self, adapter), and it lists {known}; name a listed "
+            "adapter, list this one under [[adapters]] in thaw.toml, or add load_adapter"
+        )
     if registry is None:
         raise BadRequestError(f"function {fn.name} has no adapter {ref!r} (it lists {known})")
     try:

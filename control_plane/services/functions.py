@@ -54,6 +54,8 @@ class ActiveVersion:
     spec: FunctionSpec
     model_digest: str | None
     adapters: list[ResolvedAdapter]
+    # The class defines load_adapter (None: a version deployed before this was kept).
+    loads_adapters: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ def deploy(
         for a in spec.adapters
     ]
     bundle_digest = _resolve(registry, spec.bundle, ArtifactKind.BUNDLE, "code bundle")
-    validate(registry, spec.bundle, spec.entry)
+    traits = validate(registry, spec.bundle, spec.entry)
     fn = session.scalars(select(Function).where(Function.name == spec.name)).first()
     if canary_pct is not None and (fn is None or fn.active_version is None):
         raise BadRequestError(
@@ -142,6 +144,7 @@ def deploy(
             model_digest=stored.model_digest,
             adapters_json=stored.adapters_json,
             created_at=now,
+            loads_adapters=traits.loads_adapters,
         )
     )
     if canary_pct is None:
@@ -242,7 +245,7 @@ def version_of(session: Session, fn: Function | FunctionKey, version: int) -> Ac
     row = _version_row(session, fn, version)
     adapters = [ResolvedAdapter(**a) for a in json.loads(row.adapters_json)]
     spec = FunctionSpec.model_validate_json(row.spec_json)
-    return ActiveVersion(fn.name, row.version, spec, row.model_digest, adapters)
+    return ActiveVersion(fn.name, row.version, spec, row.model_digest, adapters, row.loads_adapters)
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,14 @@ class Echo:
     def setup(self, ctx):
         self.ready = True
 
+    def load_adapter(self, adapter):
+        pass
+
     def __call__(self, input, ctx=None):
         return input
 """
+# No load_adapter: an ad-hoc adapter is refused.
+PLAIN_CODE = "class Echo:\n    def __call__(self, input):\n        return input\n"
 BAD_CODE = "import thaw_module_that_does_not_exist\n\nclass Echo:\n    pass\n"
 NO_CALL_CODE = "class Echo:\n    def setup(self, ctx):\n        pass\n"
 
@@ -42,6 +47,7 @@ class StoreFixture:
     good_bundle: str
     bad_bundle: str
     no_call_bundle: str
+    plain_bundle: str  # __call__ only: no load_adapter
 
 
 def _bundle(root: Path, registry: Registry, name: str, code: str) -> str:
@@ -70,6 +76,7 @@ def cp_store(
         good_bundle=_bundle(root / "code", registry, "good", GOOD_CODE),
         bad_bundle=_bundle(root / "code", registry, "bad", BAD_CODE),
         no_call_bundle=_bundle(root / "code", registry, "nocall", NO_CALL_CODE),
+        plain_bundle=_bundle(root / "code", registry, "plain", PLAIN_CODE),
     )
 
 

@@ -196,6 +196,24 @@ def test_adapter_routing_and_unknown_adapter(cp: ControlPlane) -> None:
         assert r.status_code == 400 and "'de'" in r.json()["detail"]
 
 
+def test_an_unlisted_adapter_for_a_class_without_load_adapter_is_400(cp: ControlPlane) -> None:
+    worker = cp.worker()
+    listed = [{"name": "fr", "ref": cp.store.adapter_refs[0]}]
+    cp.deploy("plain", bundle=cp.store.plain_bundle, adapters=listed)
+    cp.deploy("loader", adapters=listed)  # its class defines load_adapter
+    unlisted = cp.store.adapter_refs[1]
+    with cp.client() as c:
+        r = c.post("/v1/functions/plain/invoke", json={"input": 1, "adapter": unlisted})
+        assert r.status_code == 400, r.text
+        detail = r.json()["detail"]
+        assert "defines no load_adapter(self, adapter)" in detail and "it lists fr" in detail
+        assert not [p for t, p in worker.received if t == "thaw.run_call"]  # never accepted
+        r = c.post("/v1/functions/plain/invoke", json={"input": 1, "adapter": "fr"})
+        assert r.status_code == 200, r.text
+        r = c.post("/v1/functions/loader/invoke", json={"input": 1, "adapter": unlisted})
+        assert r.status_code == 200 and r.json()["output"]["adapter"] == unlisted
+
+
 def test_bad_input_statuses(cp: ControlPlane) -> None:
     cp.deploy("echo")
     with cp.client() as c:
