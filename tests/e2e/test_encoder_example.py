@@ -76,3 +76,10 @@ def test_a_batch_of_texts_scores_each(stack: Stack, model_dir: Path) -> None:
     assert len(rows) == len(TEXTS)
     for row, expected in zip(rows, want, strict=True):
         assert list(row["scores"].values()) == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+def test_readme_shows_the_example_verbatim() -> None:
+    readme = (EXAMPLE.parents[1] / "README.md").read_text()
+    app = (EXAMPLE / "app.py").read_text()
+    assert (EXAMPLE / "thaw.toml").read_text().strip() in readme
+    assert app[app.index("from __future__ import annotations") :].strip() in readme
