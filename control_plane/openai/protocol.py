@@ -1,0 +1,227 @@
+"""The OpenAI wire format thaw serves, in one place: requests as clients send them
+(the ``openai`` SDK, LangChain, load generators), responses and stream chunks as
+they expect them. A parameter thaw does not implement is refused, naming it
+(``unsupported``), never ignored: a client that asks for tools or logprobs must
+learn it got none.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from control_plane.openai.errors import OpenAIError, invalid
+
+MAX_STOP_SEQUENCES = 4
+FinishReason = Literal["stop", "length"]
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The content as one string (text parts joined, as the chat template wants)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class _Generation(BaseModel):
+    """What chat and text completions share. Fields OpenAI defines but thaw does not
+    implement are accepted at their neutral value only (``unsupported``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    n: int = Field(default=1, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    user: str | None = None  # an end-user id for the caller's own records: kept out of it
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    logprobs: Any = None
+    top_logprobs: int | None = None
+
+    def stop_strings(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return [s for s in stops if s]
+
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def unsupported(self) -> OpenAIError | None:
+        """The first parameter set to something thaw does not do, as the 400 to send."""
+        if self.n != 1:
+            return invalid("n > 1 is not supported: send n separate requests", "n")
+        if len(self.stop_strings()) > MAX_STOP_SEQUENCES:
+            return invalid(f"stop takes at most {MAX_STOP_SEQUENCES} sequences", "stop")
+        if self.stream_options is not None and not self.stream:
+            return invalid("stream_options is only allowed with stream: true", "stream_options")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                return invalid(f"{name} is not supported (send 0 or leave it out)", name)
+        for name in ("logit_bias", "logprobs", "top_logprobs"):
+            if getattr(self, name) not in (None, False, {}):
+                return invalid(f"{name} is not supported (leave it out)", name)
+        return None
+
+
+class ChatCompletionRequest(_Generation):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def requested_tokens(self) -> int | None:
+        """``max_completion_tokens`` (the current name), else ``max_tokens``."""
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Generation):
+    prompt: str | list[str] | list[int]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def requested_tokens(self) -> int:
+        return self.max_tokens or 16  # OpenAI's default for completions
+
+    def unsupported(self) -> OpenAIError | None:
+        several = isinstance(self.prompt, list) and len(self.prompt) > 1
+        if several and isinstance(self.prompt[0], str):
+            return invalid("a list of several prompts is not supported", "prompt")
+        for name in ("echo", "suffix"):
+            if getattr(self, name):
+                return invalid(f"{name} is not supported (leave it out)", name)
+        if self.best_of not in (None, 1):
+            return invalid("best_of is not supported (leave it out)", "best_of")
+        return super().unsupported()
+
+
+R = TypeVar("R", bound=_Generation)
+
+
+def parse_request(cls: type[R], body: Any) -> R:
+    """``body`` as ``cls``, or the 400 OpenAI would give, naming the first bad field."""
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object")
+    try:
+        request = cls.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        if first["type"] == "extra_forbidden":
+            raise invalid(f"unsupported parameter: {param}", param) from None
+        raise invalid(f"{param}: {first['msg']}", param) from None
+    refused = request.unsupported()
+    if refused is not None:
+        raise refused
+    return request
+
+
+# --- responses ------------------------------------------------------------------------
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: FinishReason
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    """A text completion, and (with ``usage`` None until the last) each stream chunk."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str  # "function" or "function:adapter"
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "thaw"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
