@@ -49,7 +49,7 @@ def store(tmp_path: Path, llama_dir: Path, engine_image: str) -> StoreFixture:
     with subprocess.Popen(["docker", "save", engine_image], stdout=subprocess.PIPE) as proc:
         assert proc.stdout is not None
         push_image_archive(proc.stdout, "base:v1", registry)
-    return StoreFixture(root, "llama-tiny:v1", [], bundle, bundle, bundle)
+    return StoreFixture(root, "llama-tiny:v1", [], bundle, bundle, bundle, bundle)
 
 
 def test_deploy_on_an_image_cold_warm_and_scale_to_zero(
