@@ -1,0 +1,93 @@
+"""An LLM replica built from a thaw Context, as a replica's setup builds it: the
+example's tiny Llama and its byte-level tokenizer (made here, with a chat
+template), weights from safetensors files. Greedy text equals ``generate`` decoded;
+stop strings end the text; a prompt past the context is refused."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from examples.build_model import build_model
+from snapshotter.loader import LoadedTensors
+from worker.llm.engine import Sampling
+from worker.llm.serve import LLMOptions, LLMReplica, PromptTooLongError
+from worker.sdk import Context
+
+TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant:{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from transformers import AutoTokenizer
+
+    path = build_model(tmp_path_factory.mktemp("llm") / "model")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def replica(model_dir: Path) -> Iterator[LLMReplica]:
+    weights = LoadedTensors()
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        weights.update(load_file(shard))
+    weights.report = None  # type: ignore[assignment]  # read from files, not the store
+    config = json.loads((model_dir / "config.json").read_text())
+    ctx = Context(device="cpu", weights=weights, config=config, files=model_dir)
+    r = LLMReplica(ctx, LLMOptions(max_num_seqs=4, kv_cache_bytes=2 << 20))
+    yield r
+    r.close()
+
+
+def _text(replica: LLMReplica, ids: list[int], sampling: Sampling, stop: Any = None) -> Any:
+    deltas = list(replica.stream(ids, sampling, stop))
+    return "".join(d.text for d in deltas), deltas[-1].finish_reason, sum(d.tokens for d in deltas)
+
+
+def test_greedy_text_equals_generate_decoded(model_dir: Path, replica: LLMReplica) -> None:
+    from transformers import AutoModelForCausalLM
+
+    ids = replica.text_prompt("The quick brown fox")
+    text, reason, tokens = _text(replica, ids, Sampling(max_new_tokens=20))
+    reference = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        out = reference.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=20)
+    new = out[0, len(ids) :].tolist()
+    assert text == replica.tokenizer.decode(new, skip_special_tokens=True)
+    assert tokens == len(new)
+    assert reason == ("stop" if new[-1] == replica.tokenizer.eos_token_id else "length")
+
+
+def test_a_chat_prompt_uses_the_model_template(replica: LLMReplica) -> None:
+    ids = replica.chat_prompt([{"role": "user", "content": "Hello"}])
+    assert replica.tokenizer.decode(ids) == "<s>user: Hello\n<s>assistant:"
+    text, reason, _ = _text(replica, ids, Sampling(max_new_tokens=8))
+    assert reason in ("stop", "length") and isinstance(text, str)
+
+
+def test_a_stop_string_ends_the_text_before_it(replica: LLMReplica) -> None:
+    ids = replica.text_prompt("Hello, world!")
+    full, _, _ = _text(replica, ids, Sampling(max_new_tokens=30))
+    assert len(full) > 4, full
+    stop = full[3:5]
+    text, reason, _ = _text(replica, ids, Sampling(max_new_tokens=30), [stop])
+    assert (text, reason) == (full[: full.index(stop)], "stop")
+
+
+def test_prompt_past_the_context_is_refused(replica: LLMReplica) -> None:
+    assert replica.max_new_tokens([1] * 10, None) == replica.context_length - 10
+    with pytest.raises(PromptTooLongError, match="context of 256 tokens"):
+        replica.max_new_tokens([1] * 10, 250)
+    with pytest.raises(PromptTooLongError, match="this model's context is 256"):
+        replica.max_new_tokens([1] * 256, None)
