@@ -1,7 +1,8 @@
 """What an invoke body must be before a call is accepted: JSON, nested at most
 ``THAW_MAX_BODY_DEPTH`` deep (its size is ``limits.BodySizeLimit``'s to check).
 
-Both are checked on the raw bytes, before anything parses them. A body nested
+Both are checked on the raw bytes, before anything parses them (the depth scan is
+``snapshotter.json_doc``'s, the one every pushed JSON file goes through). A body nested
 past the parser's own recursion limit does not parse at all; one nested a few
 hundred deep parses and is stored, then cannot be encoded into the message
 that carries the call to its worker (pydantic stops serializing at about 250
@@ -15,41 +16,23 @@ any body that fails it to that route, so both paths answer alike.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Coroutine, Iterator
-from itertools import accumulate
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
 from control_plane.errors import BadRequestError, UnsupportedMediaTypeError
+from snapshotter.json_doc import deeper_than, depths
 
-# A JSON string, escapes included: brackets inside one do not nest anything.
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
-_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+__all__ = ["BodyCheckedRoute", "check", "deeper_than", "is_json", "nesting_depth"]
+
 _JSON_TYPE = re.compile(r"application/([a-z0-9.+-]+\+)?json", re.IGNORECASE)
-
-
-def depths(body: bytes) -> Iterator[int]:
-    """The nesting depth at the start and after each bracket of a JSON text, strings
-    left out. Text that is not JSON gets depths too, never an error: its parser says
-    what is wrong with it."""
-    brackets = _STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
-    return accumulate((_STEP[b] for b in brackets), initial=0)
 
 
 def nesting_depth(body: bytes) -> int:
     """How deeply a JSON text nests arrays and objects: a scalar 0, ``[]`` 1."""
     return max(depths(body))
-
-
-def deeper_than(body: bytes, max_depth: int) -> bool:
-    """``nesting_depth(body) > max_depth``, stopping at the first bracket past it."""
-    # Nothing nests deeper than it has brackets: a common body is never scanned.
-    if body.count(b"[") + body.count(b"{") <= max_depth:
-        return False
-    return any(depth > max_depth for depth in depths(body))
 
 
 def is_json(content_type: str | None) -> bool:
