@@ -126,6 +126,29 @@ class ContainerOptions(BaseModel):
     cpus: float | None = None
 
 
+class LLMOptions(BaseModel):
+    """How an LLM function's replica serves its model (``[llm]`` in ``thaw.toml``;
+    ``worker.llm``). Sizes are explicit: the KV cache gets ``kv_cache_mb``, never
+    "most of free memory"."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # "auto": the dtype the weights were pushed in; else they are cast once at start
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    max_num_seqs: int = Field(default=8, ge=1, le=1024)  # sequences in one batch
+    max_batch_tokens: int = Field(default=512, ge=16, le=1 << 20)  # tokens one step takes
+    kv_cache_mb: int = Field(default=64, ge=1, le=1 << 20)  # the paged KV cache's size
+    context_length: int | None = Field(default=None, ge=16, le=1 << 24)  # None: the model's
+    max_tokens_limit: int = Field(default=4096, ge=1, le=1 << 24)  # most tokens one call asks
+
+
+class TokenUsage(BaseModel):
+    """An LLM call's tokens, as its replica counted them."""
+
+    prompt_tokens: Count
+    completion_tokens: Count
+
+
 class StartReplica(Message):
     replica_id: str
     function: str
@@ -150,6 +173,8 @@ class StartReplica(Message):
     # wait there for a slot. Control planes count slots, but two of them routing at
     # the same moment may each take the last one. None: no cap.
     max_concurrent_calls: int | None = Field(default=None, ge=1)
+    # v1.9, optional: set for an LLM function (its entry is thaw's own, worker.llm).
+    llm: LLMOptions | None = None
 
 
 class StopReplica(Message):
@@ -306,3 +331,6 @@ class CallEvent(Message):
     # again while retries remain, and the worker's breaker counts it
     # (``services.worker_health``). None (an older worker): the function's.
     fault: Fault | None = None
+    # v1.9, final events of an LLM call: its prompt and completion tokens. Its time to
+    # first token and time per output token are in ``timings_ms``.
+    usage: TokenUsage | None = None

@@ -31,6 +31,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
+from control_plane.protocol import LLMOptions
+
 
 class AdapterRef(BaseModel):
     name: str
@@ -89,6 +91,7 @@ class ReplicaSpec(BaseModel):
     max_batch_size: int | None = Field(default=None, ge=1)  # set: calls go to batch()
     max_wait_ms: float = Field(default=0.0, ge=0)
     max_concurrent_calls: int | None = Field(default=None, ge=1)  # more wait for a slot
+    llm: LLMOptions | None = None  # an LLM function: how its replica serves the model
 
 
 # --- agent → child ---------------------------------------------------------

@@ -163,6 +163,7 @@ class ReplicaManager:
             max_batch_size=msg.max_batch_size,
             max_wait_ms=msg.max_wait_ms,
             max_concurrent_calls=msg.max_concurrent_calls,
+            llm=msg.llm,
         )
 
     def stop_by_id(self, replica_id: str, reason: str) -> None:
