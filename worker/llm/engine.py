@@ -20,7 +20,10 @@ of the machine's RAM), and a batch holds at most ``max_num_seqs`` sequences and
 Sampling is per request, in one batch: the manager is built with sampling on and
 every warper present (temperature, top-k, top-p) in their per-request form, and
 each request sets its own values. Greedy is top-k 1: the one token left is drawn
-with certainty, so greedy output equals ``model.generate`` without sampling.
+with certainty, so greedy output equals ``model.generate`` without sampling. A request
+with a ``seed`` draws its tokens from its own stream (``seeded.SeededDraw``, last of
+the warpers), so it is reproducible whatever shares the batch; the others draw from
+the manager's one global RNG.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any, Literal
 import torch
 
 FinishReason = Literal["stop", "length"]
+SEED_LIMIT = 2**63  # exclusive: OpenAI's seed is a signed 64-bit integer
 _ROUTER_POLL_S = 0.05
 
 
@@ -78,17 +82,29 @@ class Sampling:
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None  # the same seed, prompt and values give the same tokens
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, not {self.max_new_tokens}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], not {self}")
+        if self.seed is not None and not (
+            isinstance(self.seed, int) and 0 <= self.seed < SEED_LIMIT
+        ):
+            raise ValueError(f"seed must be an integer in [0, 2**63), not {self.seed!r}")
 
     def processor_kwargs(self, vocab_size: int) -> dict[str, Any]:
+        warpers: dict[str, Any]
         if self.temperature == 0:
-            return {"top_k": 1, "temperature": 1.0, "top_p": 1.0}
-        return {"top_k": vocab_size, "temperature": float(self.temperature), "top_p": self.top_p}
+            warpers = {"top_k": 1, "temperature": 1.0, "top_p": 1.0}
+        else:
+            warpers = {
+                "top_k": vocab_size,
+                "temperature": float(self.temperature),
+                "top_p": self.top_p,
+            }
+        return warpers if self.seed is None else {**warpers, "seed": self.seed}
 
 
 @dataclass(frozen=True)
@@ -122,6 +138,8 @@ class Engine:
         from transformers import GenerationConfig
         from transformers.generation import ContinuousBatchingConfig
 
+        from worker.llm.seeded import install_seeded_draw
+
         self.sizes = sizes
         self.vocab_size = int(model.config.vocab_size)
         self.eos_token_ids = list(eos_token_ids)
@@ -146,6 +164,7 @@ class Engine:
         self._manager = model.init_continuous_batching(
             generation_config=generation, continuous_batching_config=batching
         )
+        install_seeded_draw(self._manager)
         self._lock = threading.Lock()
         self._streams: dict[str, _Stream] = {}
         self._closed = threading.Event()

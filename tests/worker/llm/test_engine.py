@@ -1,18 +1,19 @@
 """The continuous-batching engine on a tiny Llama built here (random weights, fp32):
 greedy output in a batch equals ``model.generate`` on each prompt alone; concurrent
-requests share engine steps; a request left early frees its sequence."""
+requests share engine steps; a seeded request gives the same tokens whatever shares
+its batch; a request left early frees its sequence."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 import torch
 
-from worker.llm.engine import Engine, EngineError, EngineSizes, Sampling, kv_blocks
+from worker.llm.engine import Engine, EngineError, EngineSizes, Sampling, TokenStep, kv_blocks
 
 VOCAB = 256
 EOS = 2
@@ -125,6 +126,66 @@ def test_sampling_is_per_request_in_one_batch(model: Any, engine: Engine) -> Non
     assert any(s != greedy for s in sampled), "temperature 1.5 drew the greedy tokens 3 times"
 
 
+Stream = Generator[TokenStep, None, None]
+
+
+def _started(engine: Engine, prompt: list[int], sampling: Sampling) -> tuple[Stream, list[int]]:
+    """A request in the running batch, with the tokens of its first step."""
+    stream = engine.generate(prompt, sampling)
+    return stream, next(stream).token_ids
+
+
+def _rest(stream: Stream, tokens: list[int]) -> list[int]:
+    return tokens + [t for step in stream for t in step.token_ids]
+
+
+def test_a_seed_gives_the_same_tokens_alone_and_in_a_busy_batch(model: Any, engine: Engine) -> None:
+    prompt = _prompts()[1]
+    seeded = Sampling(12, temperature=1.0, seed=1234)
+    alone = _run(engine, prompt, seeded)[0]
+    assert _run(engine, prompt, seeded)[0] == alone
+    greedy_prompt = _prompts()[0]
+    greedy_alone = _alone(model, greedy_prompt, 16)  # not while the engine runs the model
+
+    # Eight requests, joining at different steps: the seeded one twice (once early,
+    # once late), others with other prompts and seeds, one unseeded, one greedy.
+    engine.peak_active = 0
+    others = [
+        _started(engine, p, Sampling(48, temperature=1.0, seed=i))
+        for i, p in enumerate(_prompts()[2:5])
+    ]
+    early = _started(engine, prompt, seeded)
+    others.append(_started(engine, _prompts()[5], Sampling(48, temperature=1.0)))
+    greedy = _started(engine, greedy_prompt, Sampling(16, seed=5))
+    early_tokens = early[1] + next(early[0]).token_ids + next(early[0]).token_ids
+    late = _started(engine, prompt, seeded)
+    others.append(_started(engine, [7, 8, 9], Sampling(48, temperature=1.0, seed=77)))
+
+    assert _rest(early[0], early_tokens) == alone
+    assert _rest(late[0], late[1]) == alone
+    assert _rest(*greedy) == greedy_alone  # a seed leaves greedy exact
+    for stream, tokens in others:
+        assert _rest(stream, tokens)
+    assert engine.peak_active >= 4, engine.peak_active
+
+
+def test_two_seeds_give_different_tokens(engine: Engine) -> None:
+    prompt = _prompts()[0]
+    one = _run(engine, prompt, Sampling(12, temperature=1.0, seed=1))[0]
+    two = _run(engine, prompt, Sampling(12, temperature=1.0, seed=2))[0]
+    assert one != two
+
+
+def test_an_unseeded_request_beside_a_seeded_one_changes_nothing(engine: Engine) -> None:
+    prompt = _prompts()[2]
+    seeded = Sampling(12, temperature=1.0, seed=99)
+    alone = _run(engine, prompt, seeded)[0]
+    unseeded, first = _started(engine, prompt, Sampling(24, temperature=1.0))
+    assert _run(engine, prompt, seeded)[0] == alone  # beside an unseeded draw
+    drawn = _rest(unseeded, first)
+    assert drawn != _run(engine, prompt, Sampling(24, temperature=1.0))[0], "no seed: random"
+
+
 def test_leaving_a_stream_frees_its_sequence(engine: Engine) -> None:
     stream = engine.generate(_prompts()[3], Sampling(max_new_tokens=200))
     first = next(stream)
@@ -145,3 +206,8 @@ def test_bad_requests_are_refused(engine: Engine) -> None:
         Sampling(0)
     with pytest.raises(ValueError, match="top_p"):
         Sampling(4, top_p=0)
+    for seed in (-1, 2**63):
+        with pytest.raises(ValueError, match="seed"):
+            Sampling(4, seed=seed)
+    assert Sampling(4, seed=2**63 - 1).processor_kwargs(VOCAB)["seed"] == 2**63 - 1
+    assert "seed" not in Sampling(4).processor_kwargs(VOCAB)
