@@ -16,8 +16,9 @@ second argument) once for the batch and answers every call on its own:
 
 Each call's timings carry ``batch_wait`` (how long it waited for its batch),
 ``execution`` (the batch's run) and ``first_output`` from its own arrival;
-each answer carries ``batch_size`` and ``batch_index``, and, for a batch that
-named an adapter, ``loaded_adapters`` (what the replica holds after it).
+each answer carries ``batch_size`` and ``batch_index``, the tokens its function
+counted on its ``CallContext`` (``usage``), and, for a batch that named an adapter,
+``loaded_adapters`` (what the replica holds after it).
 
 What a batch prints counts as one call's against ``THAW_MAX_LOG_BYTES_PER_CALL``
 (``worker.log_guard``): every batch runs on the batcher's one thread, and each
@@ -32,7 +33,7 @@ from typing import Any
 
 from worker import log_guard
 from worker.child_protocol import CallEnd, CallError, CallMsg, Output, Result, dump
-from worker.sdk import CallContext, accepts_call_context, is_stream
+from worker.sdk import CallContext, accepts_call_context, function_usage, is_stream
 from worker.specialize import format_error
 
 Send = Callable[[dict[str, Any]], None]
@@ -63,6 +64,7 @@ class BatchRunner:
         log_guard.start_call()  # the batches before it ran on this thread: their output is theirs
         t0 = time.perf_counter()
         n = len(msgs)
+        calls = [CallContext(m.call_id, m.adapter, m.attempt, m.stream) for m in msgs]
         timings = [{"batch_wait": w} for w in waits_ms]
         hit: bool | None = None
         try:
@@ -71,21 +73,21 @@ class BatchRunner:
                     hit = use.hit
                     for t in timings:
                         t["adapter_load"] = use.load_ms
-                outputs = self._execute(msgs, t0, timings)
+                outputs = self._execute(msgs, calls, t0, timings)
         except Exception as exc:
             error = format_error(exc)
             outputs = [_Failed(error)] * n
         execution_ms = (time.perf_counter() - t0) * 1000
         held = self._loaded(msgs[0].adapter) if self._loaded is not None else None
-        for i, (msg, out) in enumerate(zip(msgs, outputs, strict=True)):
+        for i, (call, out) in enumerate(zip(calls, outputs, strict=True)):
             t = timings[i]
             t["execution"] = execution_ms - t.get("adapter_load", 0.0)
             t.setdefault("first_output", t["batch_wait"] + execution_ms)
-            self._answer(msg, out, t, (hit, held), n, i)
+            self._answer(call, out, t, (hit, held), n, i)
 
     def _answer(
         self,
-        msg: CallMsg,
+        call: CallContext,
         out: Any,
         t: dict[str, float],
         adapters: tuple[bool | None, list[str] | None],
@@ -94,12 +96,13 @@ class BatchRunner:
     ) -> None:
         hit, held = adapters
         ended = CallEnd(
-            call_id=msg.call_id,
+            call_id=call.call_id,
             timings_ms=t,
             adapter_hit=hit,
             loaded_adapters=held,
             batch_size=n,
             batch_index=i,
+            usage=function_usage(call.usage),
         ).model_dump()
         if isinstance(out, _Failed | BaseException):
             error = out.error if isinstance(out, _Failed) else format_error(out)
@@ -109,12 +112,16 @@ class BatchRunner:
         self._send(dump(answer))
 
     def _execute(
-        self, msgs: list[CallMsg], t0: float, timings: list[dict[str, float]]
+        self,
+        msgs: list[CallMsg],
+        calls: list[CallContext],
+        t0: float,
+        timings: list[dict[str, float]],
     ) -> list[Any]:
         inputs = [m.input for m in msgs]
         args: tuple[Any, ...] = (inputs,)
         if self._pass_calls:
-            args += ([CallContext(m.call_id, m.adapter, m.attempt, m.stream) for m in msgs],)
+            args += (calls,)
         result = self._batch(*args)
         if is_stream(result):
             return self._stream(msgs, result, t0, timings)

@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
-from control_plane.protocol import LLMOptions
+from control_plane.protocol import LLMOptions, TokenUsage
 
 
 class AdapterRef(BaseModel):
@@ -203,6 +203,7 @@ class CallEnd(BaseModel):
     loaded_adapters: list[str] | None = None  # held after a call naming an adapter
     batch_size: int | None = None  # batched functions: calls in this call's batch
     batch_index: int | None = None  # and this call's place in it
+    usage: TokenUsage | None = None  # the tokens the function counted (``CallContext.usage``)
 
 
 class Result(CallEnd):

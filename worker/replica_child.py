@@ -211,10 +211,12 @@ class ChildServer:
     def _run_call(self, msg: Any) -> None:
         from worker import log_guard
         from worker.child_protocol import CallError, Result, dump
+        from worker.sdk import CallContext, function_usage
         from worker.specialize import format_error
 
         log_guard.start_call()  # its thread ran other calls before: their output is theirs
         t0 = time.perf_counter()
+        call = CallContext(msg.call_id, msg.adapter, msg.attempt, msg.stream)
         timings: dict[str, float] = {}
         hit: bool | None = None
         try:
@@ -224,12 +226,18 @@ class ChildServer:
                 if use is not None:
                     hit = use.hit
                     timings["adapter_load"] = use.load_ms
-                result = self._execute_cancellable(msg, t0, timings)
+                result = self._execute_cancellable(msg, call, t0, timings)
             timings["execution"] = (time.perf_counter() - t0) * 1000 - timings.get(
                 "adapter_load", 0.0
             )
             timings.setdefault("first_output", (time.perf_counter() - t0) * 1000)
-            out = Result(call_id=msg.call_id, output=result, timings_ms=timings, adapter_hit=hit)
+            out = Result(
+                call_id=msg.call_id,
+                output=result,
+                timings_ms=timings,
+                adapter_hit=hit,
+                usage=function_usage(call.usage),
+            )
             out.loaded_adapters = self._loaded_adapters(msg.adapter)
             self.conn.send(dump(out))
             if self.replica.profile is not None:
@@ -245,6 +253,7 @@ class ChildServer:
                 timings_ms=timings,
                 adapter_hit=hit,
                 cancelled=cancelled,
+                usage=function_usage(call.usage),  # the tokens it used before it ended
             )
             err.loaded_adapters = self._loaded_adapters(msg.adapter)
             self.conn.send(dump(err))
@@ -263,22 +272,24 @@ class ChildServer:
             return contextlib.nullcontext(None)
         return self.replica.adapters.use(name)
 
-    def _execute_cancellable(self, msg: Any, t0: float, timings: dict[str, float]) -> Any:
+    def _execute_cancellable(
+        self, msg: Any, call: Any, t0: float, timings: dict[str, float]
+    ) -> Any:
         """``_execute`` while a cancel of the call may raise ``CallCancelled`` in it
         (``worker.call_cancel``); raises it at once when the call was cancelled first."""
         if not self.running.enter(msg.call_id):
             raise CallCancelled
         try:
-            return self._execute(msg, t0, timings)
+            return self._execute(msg, call, t0, timings)
         finally:
             self.running.leave(msg.call_id)
 
-    def _execute(self, msg: Any, t0: float, timings: dict[str, float]) -> Any:
-        """Run the function; stream or collect what it yields. The result is JSON."""
-        from worker.sdk import CallContext, function_timings
+    def _execute(self, msg: Any, call: Any, t0: float, timings: dict[str, float]) -> Any:
+        """Run the function (``call``: its ``CallContext``); stream or collect what it
+        yields. The result is JSON."""
+        from worker.sdk import function_timings
 
         args: tuple[Any, ...] = (msg.input,)
-        call = CallContext(msg.call_id, msg.adapter, msg.attempt, msg.stream)
         if self.replica.pass_call_context:
             args += (call,)
         try:

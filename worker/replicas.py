@@ -337,6 +337,7 @@ class ReplicaManager:
             loaded_adapters=update.loaded_adapters,
             batch_size=update.batch_size,
             batch_index=update.batch_index,
+            usage=update.usage,
             fault=update.fault if update.kind == "failed" else None,
             not_run=update.not_run or None,
         )

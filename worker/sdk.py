@@ -37,7 +37,9 @@ bundle, makes one instance per replica with no arguments, and then::
             # call (optional second parameter): CallContext with call_id,
             #   adapter (the adapter name the request asked for, or None; when
             #   set, it is in ctx.adapters and load_adapter has seen it) and
-            #   stream (whether the caller reads outputs as they are produced).
+            #   stream (whether the caller reads outputs as they are produced);
+            #   a function that counts tokens sets call.usage["prompt_tokens"] and
+            #   call.usage["completion_tokens"] (kept in the call's record).
             # Return a JSON value, or yield JSON values (a generator): a
             # streaming caller gets each as it is produced; any other caller
             # gets the list of them as the result.
@@ -102,6 +104,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from control_plane.protocol import MAX_INT32, TokenUsage
 
 __all__ = ["Adapter", "CallContext", "Context", "Function", "accepts_call_context", "is_stream"]
 
@@ -177,6 +181,13 @@ class CallContext:
     reported with the call's own timings (``Server-Timing``, the call record) once
     it returns. Names are lowercase ``[a-z0-9_]``, at most ``MAX_CALL_TIMINGS``,
     none of thaw's own (``RESERVED_TIMINGS``); others are dropped.
+
+    ``usage``: a function that counts tokens (an LLM) sets
+    ``call.usage["prompt_tokens"]`` and ``call.usage["completion_tokens"]``; they
+    are reported with the call's end, also when it raised, and kept in its record
+    (``usage`` in ``GET /v1/calls/{id}``). Both or neither: each a non-negative int
+    (``function_usage``), else neither is reported. A call that timed out or was
+    cancelled ends before its function stops, so it has none.
     """
 
     call_id: str
@@ -184,6 +195,7 @@ class CallContext:
     attempt: int = 1
     stream: bool = False
     timings_ms: dict[str, float] = field(default_factory=dict, compare=False)
+    usage: dict[str, int] = field(default_factory=dict, compare=False)
 
 
 MAX_CALL_TIMINGS = 16
@@ -206,6 +218,23 @@ def function_timings(reported: dict[Any, Any]) -> dict[str, float]:
         if named and name not in RESERVED_TIMINGS and ok_value:
             out[name] = float(ms)
     return out
+
+
+USAGE_NAMES = ("prompt_tokens", "completion_tokens")
+MAX_TOKEN_COUNT = MAX_INT32  # what the call record holds (``protocol.Count``)
+
+
+def function_usage(reported: dict[Any, Any]) -> TokenUsage | None:
+    """The tokens a function counted in ``CallContext.usage``: both of ``USAGE_NAMES``
+    as ints in ``[0, MAX_TOKEN_COUNT]``, other names dropped; None when either is
+    missing or malformed (half a count would read as a complete one)."""
+    counts: dict[str, int] = {}
+    for name in USAGE_NAMES:
+        n = reported.get(name)
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_TOKEN_COUNT:
+            return None
+        counts[name] = n
+    return TokenUsage.model_validate(counts)
 
 
 @runtime_checkable

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from control_plane.protocol import TokenUsage
 from worker.adapters import AdapterCache
 from worker.batch_calls import BatchRunner
-from worker.child_protocol import FROM_CHILD, CallMsg, Result
+from worker.child_protocol import FROM_CHILD, CallError, CallMsg, Result
 from worker.log_guard import MARKER, GuardedStream
 from worker.sdk import Adapter
 
@@ -84,3 +85,35 @@ def test_each_batch_gets_its_own_print_cap(monkeypatch: pytest.MonkeyPatch) -> N
     assert out.getvalue() == (
         "working on a0\nworking on a1\n" + MARKER.format(cap=40) + "working on b\n"
     )
+
+
+class Counting:
+    """Counts each call's words as its prompt and completion tokens; a ``bad`` input
+    counts a malformed completion, an ``error`` one fails only its own call."""
+
+    def batch(self, inputs: list[str], calls: list[Any]) -> list[Any]:
+        for text, call in zip(inputs, calls, strict=True):
+            n = len(text.split())
+            call.usage.update(prompt_tokens=n, completion_tokens=-1 if text == "bad" else n)
+        return [ValueError("asked to") if text == "error" else text for text in inputs]
+
+
+class CountingReplica:
+    instance = Counting()
+
+
+def test_each_call_of_a_batch_reports_its_own_usage() -> None:
+    sent: list[Any] = []
+    runner = BatchRunner(
+        CountingReplica(),
+        lambda m: sent.append(FROM_CHILD.validate_python(m)),
+        lambda _: contextlib.nullcontext(None),
+    )
+    inputs = ["a b", "c d e", "bad", "error"]
+    runner.run([CallMsg(call_id=s, input=s) for s in inputs], [0.0] * 4)
+    answers = {m.call_id: m for m in sent}
+    assert answers["a b"].usage == TokenUsage(prompt_tokens=2, completion_tokens=2)
+    assert answers["c d e"].usage == TokenUsage(prompt_tokens=3, completion_tokens=3)
+    assert answers["bad"].usage is None  # malformed: dropped
+    assert isinstance(answers["error"], CallError)  # failed, yet its tokens were used
+    assert answers["error"].usage == TokenUsage(prompt_tokens=1, completion_tokens=1)

@@ -121,6 +121,22 @@ def test_a_functions_own_timings_join_the_calls_even_when_it_fails(
         assert "Bad-Name" not in timings and "detok" not in timings
 
 
+def test_a_functions_token_usage_joins_its_end_even_when_it_fails(
+    setup: tuple[ReplicaManager, Recorder],
+) -> None:
+    manager, recorder = setup
+    start(manager, "basic:Tokens")
+    manager.run_call(call("ok", {"prompt": "a b c"}))
+    manager.run_call(call("bad", {"prompt": "a b c", "raise": True}))
+    manager.run_call(call("malformed", {"prompt": "a b c", "bad": -3}))
+    for call_id, kind in (("ok", "succeeded"), ("bad", "failed")):
+        final = recorder.events(f"/v1/calls/{call_id}/")[-1]
+        assert final["kind"] == kind
+        assert final["usage"] == {"prompt_tokens": 3, "completion_tokens": 3}
+    final = recorder.events("/v1/calls/malformed/")[-1]
+    assert final["kind"] == "succeeded" and final["usage"] is None  # half a count is none
+
+
 def test_duplicate_delivery_is_run_once(setup: tuple[ReplicaManager, Recorder]) -> None:
     manager, recorder = setup
     start(manager, "basic:Flaky")

@@ -71,6 +71,28 @@ def test_only_generators_and_iterators_stream(value: Any, expected: bool) -> Non
     assert is_stream(value) is expected
 
 
+@pytest.mark.parametrize(
+    ("reported", "expected"),
+    [
+        ({"prompt_tokens": 12, "completion_tokens": 30}, (12, 30)),
+        ({"prompt_tokens": 0, "completion_tokens": 0, "cached": 4}, (0, 0)),  # "cached": dropped
+        ({}, None),  # counted nothing
+        ({"prompt_tokens": 12}, None),  # half a count is none
+        ({"prompt_tokens": 12, "completion_tokens": -1}, None),
+        ({"prompt_tokens": 12, "completion_tokens": 3.0}, None),
+        ({"prompt_tokens": 12, "completion_tokens": "30"}, None),
+        ({"prompt_tokens": True, "completion_tokens": 30}, None),
+        ({"prompt_tokens": 12, "completion_tokens": sdk.MAX_TOKEN_COUNT + 1}, None),
+    ],
+)
+def test_a_functions_usage_is_both_counts_well_formed_or_none(
+    reported: dict[Any, Any], expected: tuple[int, int] | None
+) -> None:
+    usage = sdk.function_usage(reported)
+    counts = None if usage is None else (usage.prompt_tokens, usage.completion_tokens)
+    assert counts == expected
+
+
 def test_fill_module_adopts_weights_without_copy() -> None:
     weights = {"weight": torch.randn(3, 2), "bias": torch.randn(3)}
     with torch.device("meta"):

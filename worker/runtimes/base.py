@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from control_plane.protocol import TokenUsage
 from worker.child_protocol import LoadStats, ReplicaSpec
 
 # "cancelled" is decided by the agent; a runtime never yields it.
@@ -72,6 +73,7 @@ class CallUpdate:
     loaded_adapters: list[str] | None = None  # what the replica holds after the call
     batch_size: int | None = None  # batched functions: calls in this call's batch
     batch_index: int | None = None  # and its place in the batch
+    usage: TokenUsage | None = None  # an LLM call's tokens, as its function counted them
     fault: Fault | None = None  # failed: the function's doing, or its replica's
     not_run: bool = False  # failed before the replica started it
 

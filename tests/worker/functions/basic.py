@@ -74,6 +74,21 @@ class Timed:
         return "ok"
 
 
+class Tokens:
+    """Counts tokens as an LLM would, on ``CallContext.usage``: its input's words as
+    the prompt, one completion token per word; ``bad``: a malformed count (dropped
+    by the replica); ``raise``: fails after counting."""
+
+    def __call__(self, input: Any, call: Any) -> Any:
+        words = str(input.get("prompt", "")).split()
+        call.usage.update(prompt_tokens=len(words), completion_tokens=len(words))
+        if input.get("bad"):
+            call.usage["completion_tokens"] = input["bad"]
+        if input.get("raise"):
+            raise ValueError("failed after counting")
+        return " ".join(reversed(words))
+
+
 class Random:
     """Draws from Python's and torch's default generators: each process its own."""
 
