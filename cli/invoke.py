@@ -128,9 +128,15 @@ def _stream_failed(payload: Any) -> typer.Exit:
 
 @calls_app.command("show")
 def show(call_id: str) -> None:
-    """A call's status, output or error, cold or warm, and its timings."""
+    """A call's record (status, output or error, cold or warm, its timings) as JSON,
+    then an LLM call's tokens."""
     with client(Settings()) as c:
-        print_json(check(c.get(f"/v1/calls/{call_id}")))
+        call = check(c.get(f"/v1/calls/{call_id}"))
+    print_json(call)
+    usage = call.get("usage")
+    if usage:
+        prompt, completion = usage["prompt_tokens"], usage["completion_tokens"]
+        out.print(f"tokens: {prompt} prompt, {completion} completion")
 
 
 @calls_app.command("ls")

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from control_plane.protocol import TokenUsage
 from control_plane.services.calls import CallView
 from control_plane.services.catalog import ArtifactInfo
 from control_plane.services.functions import FunctionInfo
@@ -119,6 +120,7 @@ class CallPublic(BaseModel):
     timings_ms: dict[str, float]
     accepted_at: float
     finished_at: float | None
+    usage: TokenUsage | None = None  # an LLM call's tokens; None for any other call
 
     @classmethod
     def of(cls, c: CallView) -> CallPublic:
@@ -138,6 +140,7 @@ class CallPublic(BaseModel):
             timings_ms=c.timings_ms,
             accepted_at=c.accepted_at,
             finished_at=c.finished_at,
+            usage=c.usage,
         )
 
 

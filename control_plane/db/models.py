@@ -167,6 +167,9 @@ class Call(Base):
     cold: Mapped[bool] = mapped_column(Boolean, default=False)
     phases_json: Mapped[str] = mapped_column(Text, default="{}")
     timings_json: Mapped[str] = mapped_column(Text, default="{}")
+    # An LLM call's tokens as its replica counted them (``protocol.TokenUsage``);
+    # NULL for a call that counted none.
+    usage_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     cancel_pending: Mapped[bool] = mapped_column(Boolean, default=False)
     accepted_at: Mapped[float] = mapped_column(Float)
     deadline_at: Mapped[float] = mapped_column(Float)

@@ -32,7 +32,7 @@ from control_plane.db.models import Call, CallOutput, Replica
 from control_plane.db.session import hold, one_of
 from control_plane.errors import BadRequestError, ConflictError, NotFoundError
 from control_plane.metrics import Metrics
-from control_plane.protocol import CallEvent
+from control_plane.protocol import CallEvent, TokenUsage
 from control_plane.services import catalog, coldstart
 from control_plane.services.functions import ActiveVersion
 from control_plane.services.keys import Principal
@@ -77,6 +77,7 @@ class CallView:
     accepted_at: float
     deadline_at: float
     finished_at: float | None
+    usage: TokenUsage | None = None  # an LLM call's tokens; None: it counted none
     worker: str | None = None  # the name of the replica's worker (``call_access`` fills it)
 
     @property
@@ -103,6 +104,7 @@ def view(row: Call) -> CallView:
         accepted_at=row.accepted_at,
         deadline_at=row.deadline_at,
         finished_at=row.finished_at,
+        usage=TokenUsage.model_validate_json(row.usage_json) if row.usage_json else None,
     )
 
 
@@ -288,10 +290,12 @@ def finalize(
     from_states: tuple[str, ...] = NON_FINAL_CALL_STATES,
     attempt: int | None = None,
     fault: str | None = None,
+    usage: TokenUsage | None = None,
 ) -> Ended | None:
     """Move a call to final ``status`` if it is in one of ``from_states`` (by default
     any non-final state) and, given ``attempt``, still on that attempt. What the
-    call was when this won; None when it did not.
+    call was when this won; None when it did not. ``usage``: the tokens its worker
+    reported with the end (an LLM call's), whatever the status.
 
     The winner also completes the call's books: ``total`` (as the control
     plane measured it, unless the worker reported one), a cold call's
@@ -304,6 +308,7 @@ def finalize(
         "output_json": _canonical(output) if status == "succeeded" else None,
         "error": error,
         "fault": fault if status == "failed" else None,
+        "usage_json": usage.model_dump_json() if usage is not None else None,
     }
     if timings_ms:
         row = session.get(Call, call_id)
@@ -500,6 +505,7 @@ def record_event(
         adapter_hit=ev.adapter_hit,
         attempt=ev.attempt,
         fault=ev.fault or "function",
+        usage=ev.usage,
     )
     if ended is None:
         raise ConflictError(

@@ -8,6 +8,7 @@ does is read from its input (a dict):
     {"sleep_s": 0.5}          sleep before answering
     {"fail": "boom"}          end as failed with that error
     {"chunks": 3}             with stream: three outputs, then succeeded
+    {"tokens": [12, 30]}      its end reports 12 prompt and 30 completion tokens
     anything else             succeeded with {"echo": input, "adapter": adapter}
 
 A call with an adapter reports ``adapter_hit`` (a miss the first time a
@@ -43,6 +44,7 @@ from control_plane.protocol import (
     StopReplica,
     TierBandwidths,
     TierHolding,
+    TokenUsage,
     WorkerHeartbeat,
     WorkerRegister,
 )
@@ -194,8 +196,12 @@ class FakeWorker:
                 self._call_event(msg, kind="cancelled")
                 return
             time.sleep(0.01)
+        usage = None
+        if "tokens" in data:
+            prompt, completion = data["tokens"]
+            usage = TokenUsage(prompt_tokens=prompt, completion_tokens=completion)
         if "fail" in data:
-            self._call_event(msg, kind="failed", error=str(data["fail"]))
+            self._call_event(msg, kind="failed", error=str(data["fail"]), usage=usage)
             return
         if msg.stream:
             for i in range(int(data.get("chunks", 1))):
@@ -216,6 +222,7 @@ class FakeWorker:
             timings_ms=timings,
             adapter_hit=hit,
             loaded_adapters=loaded,
+            usage=usage,
         )
 
     # --- heartbeats -------------------------------------------------------------

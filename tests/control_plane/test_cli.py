@@ -137,6 +137,29 @@ def test_deploy_invoke_show_rollback_rm(cp: ControlPlane, code_dir: Path) -> Non
     assert r.exit_code == 2 and "404" in r.output
 
 
+def test_calls_show_prints_an_llm_calls_tokens(cp: ControlPlane, code_dir: Path) -> None:
+    cp.worker()
+    env = _env(cp)
+    assert runner.invoke(app, ["deploy", str(code_dir)], env=env).exit_code == 0
+    shown: dict[str, str] = {}
+    for data in ('{"tokens": [12, 30]}', '{"tokens": [7, 2], "fail": "boom"}', "{}"):
+        r = runner.invoke(app, ["invoke", "hello", "--data", data, "--async"], env=env)
+        call_id = r.output.strip()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            r = runner.invoke(app, ["calls", "show", call_id], env=env)
+            if '"succeeded"' in r.output or '"failed"' in r.output:
+                break
+            time.sleep(0.05)
+        assert r.exit_code == 0, r.output
+        shown[data] = r.output
+    llm = shown['{"tokens": [12, 30]}']
+    assert '"prompt_tokens": 12' in llm and '"completion_tokens": 30' in llm
+    assert llm.rstrip().endswith("tokens: 12 prompt, 30 completion")
+    assert "tokens: 7 prompt, 2 completion" in shown['{"tokens": [7, 2], "fail": "boom"}']
+    assert '"usage": null' in shown["{}"] and "tokens:" not in shown["{}"]
+
+
 def test_calls_commands_show_a_key_only_its_own_calls(cp: ControlPlane, code_dir: Path) -> None:
     cp.worker()
     assert runner.invoke(app, ["deploy", str(code_dir)], env=_env(cp)).exit_code == 0

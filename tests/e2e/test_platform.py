@@ -170,6 +170,34 @@ def test_failure_is_reported_and_the_replica_stays(stack: Stack, e2e_store: E2ES
     assert after.json()["output"]["pid"] == ok.json()["output"]["pid"]
 
 
+def test_an_llm_calls_tokens_are_in_its_record(stack: Stack, e2e_store: E2EStore) -> None:
+    """A function's ``call.usage`` reaches the call record through its replica and
+    worker, for a sync call and an async one, a failed call's too; a malformed count
+    is dropped."""
+    spec = {"name": "tokens", "bundle": e2e_store.bundle, "entry": "app:Tokens", "device": "cpu"}
+    stack.deploy(spec)
+    ok = invoke(stack, "tokens", {"input": {"prompt": "one two three"}})
+    assert ok.status_code == 200, f"{ok.text}\n{stack.logs()}"
+    three = {"prompt_tokens": 3, "completion_tokens": 3}
+    assert ok.json()["usage"] == three
+    assert stack.call(ok.json()["call_id"])["usage"] == three
+    failed = invoke(stack, "tokens", {"input": {"prompt": "one two", "raise": True}})
+    assert failed.status_code == 500, failed.text
+    assert stack.call(failed.json()["call_id"])["usage"] == {
+        "prompt_tokens": 2,
+        "completion_tokens": 2,
+    }
+    malformed = invoke(stack, "tokens", {"input": {"prompt": "one", "bad": -1}})
+    assert malformed.status_code == 200 and malformed.json()["usage"] is None
+    queued = invoke(stack, "tokens", {"input": {"prompt": "a b c d"}}, Prefer="respond-async")
+    assert queued.status_code == 202, queued.text
+    call_id = queued.json()["call_id"]
+    done = wait_for(
+        lambda: (c := stack.call(call_id))["status"] == "succeeded" and c, "the async call", 60
+    )
+    assert done["usage"] == {"prompt_tokens": 4, "completion_tokens": 4}
+
+
 def test_timeout_ends_that_call_and_the_replica_serves_on(
     stack: Stack, e2e_store: E2EStore, tmp_path: Path
 ) -> None:

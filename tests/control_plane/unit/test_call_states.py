@@ -15,7 +15,7 @@ from sqlalchemy.pool import StaticPool
 
 from control_plane.db.models import Base, Call
 from control_plane.errors import ConflictError
-from control_plane.protocol import CallEvent, CallEventKind
+from control_plane.protocol import CallEvent, CallEventKind, TokenUsage
 from control_plane.services import calls
 from control_plane.services.states import FINAL_CALL_STATES
 
@@ -196,3 +196,26 @@ def test_a_stale_requeue_does_not_requeue_the_next_attempt_again() -> None:
     row = first.get(Call, "c")
     assert row is not None
     assert (row.status, row.attempt, row.replica_id) == ("dispatched", 2, "r2")
+
+
+def test_a_final_event_keeps_an_llm_calls_tokens_in_its_record() -> None:
+    """``usage`` on the final event, succeeded or failed, is kept in the call's record;
+    a call whose end carried none reads back None."""
+    engine = create_engine("sqlite://", poolclass=StaticPool)
+    Base.metadata.create_all(engine)
+    with Session(engine) as s:
+        for cid in ("ok", "failed", "plain"):
+            s.add(_call(id=cid, status="running", timeout_s=60, deadline_at=60, replica_id="r1"))
+        s.commit()
+        counted = TokenUsage(prompt_tokens=12, completion_tokens=30)
+        succeeded = CallEvent(attempt=1, kind="succeeded", usage=counted)
+        failed = CallEvent(attempt=1, kind="failed", error="boom", usage=counted)
+        calls.record_event(s, None, 1.0, "ok", succeeded)
+        calls.record_event(s, None, 1.0, "failed", failed)
+        calls.record_event(s, None, 1.0, "plain", CallEvent(attempt=1, kind="succeeded"))
+        s.commit()
+    with Session(engine) as s:
+        assert calls.get(s, "ok").usage == counted
+        assert calls.get(s, "failed").usage == counted
+        assert calls.get(s, "plain").usage is None
+    engine.dispose()

@@ -40,3 +40,17 @@ class Count:
     def __call__(self, input: Any) -> Any:
         for i in range(int(input["n"])):
             yield {"i": i}
+
+
+class Tokens:
+    """Counts tokens as an LLM would, on ``call.usage``: its prompt's words, and one
+    completion token per word; ``bad``: a malformed count; ``raise``: fails after."""
+
+    def __call__(self, input: Any, call: Any) -> Any:
+        words = str(input.get("prompt", "")).split()
+        call.usage.update(prompt_tokens=len(words), completion_tokens=len(words))
+        if input.get("bad"):
+            call.usage["completion_tokens"] = input["bad"]
+        if input.get("raise"):
+            raise RuntimeError("failed after counting")
+        return " ".join(reversed(words))
