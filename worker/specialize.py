@@ -135,7 +135,7 @@ def _specialize(spec: ReplicaSpec, loaders: _Loaders, phases_ms: dict[str, float
             loader = loaders.get()
         profile = _load_model_and_adapters(spec, loader, ctx, phases_ms)
     with _phase(phases_ms, "user_setup"):
-        instance = cls()
+        instance = cls(spec.llm) if spec.llm is not None else cls()  # worker.llm.function
         setup = getattr(instance, "setup", None)
         if setup is not None:
             setup(ctx)

@@ -41,6 +41,7 @@ import torch
 FinishReason = Literal["stop", "length"]
 SEED_LIMIT = 2**63  # exclusive: OpenAI's seed is a signed 64-bit integer
 _ROUTER_POLL_S = 0.05
+_WAKE_S = 0.1
 
 
 class EngineError(RuntimeError):
@@ -53,6 +54,9 @@ class EngineSizes:
     max_batch_tokens: int = 512  # tokens one step processes (prefill chunks included)
     kv_cache_bytes: int = 64 << 20
     page_size_tokens: int = 64
+    # Reuse the KV blocks of a prompt prefix already computed (transformers' block
+    # sharing; keyed by tokens alone, so off where adapters change what tokens hold).
+    share_prefixes: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_batch_tokens < 1 or self.page_size_tokens < 4:
@@ -160,6 +164,7 @@ class Engine:
             page_size=sizes.page_size_tokens,
             max_requests_per_batch=sizes.max_num_seqs,
             per_request_processors=True,
+            allow_block_sharing=sizes.share_prefixes,
         )
         self._manager = model.init_continuous_batching(
             generation_config=generation, continuous_batching_config=batching
@@ -202,7 +207,10 @@ class Engine:
             if added is None:
                 raise EngineError("the engine is not taking requests (stopping)")
             while not finished:
-                step = stream.queue.get()
+                try:  # woken now and then: a cancel raised in this thread lands here
+                    step = stream.queue.get(timeout=_WAKE_S)
+                except queue.Empty:
+                    continue
                 if isinstance(step, BaseException):
                     raise EngineError(str(step))
                 finished = step.finished

@@ -9,30 +9,17 @@ and time per output token are measured here, where tokens are made.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from control_plane.protocol import LLMOptions
 from worker.llm.detokenize import IncrementalDetokenizer
 from worker.llm.engine import Engine, EngineError, EngineSizes, FinishReason, Sampling
 from worker.llm.stops import StopScanner
-
-DTYPES = ("float32", "bfloat16", "float16")
-
-
-@dataclass(frozen=True)
-class LLMOptions:
-    """What a deploy says of an LLM function (``[llm]`` in ``thaw.toml``)."""
-
-    dtype: str = "float32"
-    max_num_seqs: int = 8
-    max_batch_tokens: int = 512
-    kv_cache_bytes: int = 64 << 20
-    context_length: int | None = None  # None: the model's max_position_embeddings
-
-    def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
 
 
 @dataclass(frozen=True)
@@ -43,14 +30,18 @@ class TextDelta:
     finish_reason: FinishReason | None = None
 
 
-class PromptTooLongError(ValueError):
+class LLMRequestError(ValueError):
+    """A call the model cannot serve as asked (the OpenAI routes answer it with 400)."""
+
+
+class PromptTooLongError(LLMRequestError):
     """The prompt and the tokens asked for do not fit the context length."""
 
 
 class LLMReplica:
     """Built once in ``setup`` from a thaw ``Context``; ``stream`` from call threads."""
 
-    def __init__(self, ctx: Any, options: LLMOptions) -> None:
+    def __init__(self, ctx: Any, options: LLMOptions, adapters: list[Any] | None = None) -> None:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -58,21 +49,33 @@ class LLMReplica:
             raise ValueError("an LLM function needs a model: its config and tokenizer files")
         files = str(ctx.files)
         config = AutoConfig.from_pretrained(files)
-        dtype = getattr(torch, options.dtype)
+        stored = _weights_dtype(ctx.weights) or torch.float32
         with ctx.empty_weights():
             model = AutoModelForCausalLM.from_config(
-                config, torch_dtype=dtype, attn_implementation="sdpa"
+                config, torch_dtype=stored, attn_implementation="sdpa"
             )
         ctx.fill_module(model)
+        if options.dtype != "auto" and getattr(torch, options.dtype) != stored:
+            model = model.to(getattr(torch, options.dtype))  # one cast, at start
+        for adapter in adapters or []:
+            model = _add_adapter(model, adapter)
+        self.adapters = sorted(a.name for a in adapters or [])
         self.model = model.eval()
         self.tokenizer: Any = AutoTokenizer.from_pretrained(files)
         self.context_length = options.context_length or int(config.max_position_embeddings)
+        self.max_tokens_limit = options.max_tokens_limit
         sizes = EngineSizes(
             max_num_seqs=options.max_num_seqs,
             max_batch_tokens=options.max_batch_tokens,
-            kv_cache_bytes=options.kv_cache_bytes,
+            kv_cache_bytes=options.kv_cache_mb << 20,
+            # Cached prefix blocks are keyed by tokens alone: with adapters, the same
+            # tokens hold other keys and values per adapter, so none are shared.
+            share_prefixes=not self.adapters,
         )
-        self.engine = Engine(self.model, sizes, eos_token_ids=_eos_ids(config, self.tokenizer))
+        base = model.get_base_model() if self.adapters else model
+        self.engine = Engine(base, sizes, eos_token_ids=_eos_ids(config, self.tokenizer))
+        self._switch_adapter(None)  # the gate starts on the base model: so does the model
+        self.gate = AdapterGate(self._switch_adapter)
 
     # --- prompts -----------------------------------------------------------------
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
@@ -102,19 +105,39 @@ class LLMReplica:
                 f"the prompt is {len(prompt_ids)} tokens; this model's context is "
                 f"{self.context_length}"
             )
+        if requested is not None and requested > self.max_tokens_limit:
+            raise LLMRequestError(
+                f"max_tokens is {requested}; this function allows at most "
+                f"{self.max_tokens_limit} ([llm] max_tokens_limit)"
+            )
         if requested is not None and requested > room:
             raise PromptTooLongError(
                 f"the prompt ({len(prompt_ids)} tokens) and max_tokens ({requested}) exceed "
                 f"this model's context of {self.context_length} tokens"
             )
-        return requested or room
+        return requested or min(room, self.max_tokens_limit)
 
     # --- one call ------------------------------------------------------------------
     def stream(
-        self, prompt_ids: list[int], sampling: Sampling, stop: list[str] | None = None
+        self,
+        prompt_ids: list[int],
+        sampling: Sampling,
+        stop: list[str] | None = None,
+        adapter: str | None = None,
     ) -> Iterator[TextDelta]:
-        """The completion in text deltas; the last has its finish reason. Closing
-        it early cancels the request in the engine. Raises ``EngineError``."""
+        """The completion in text deltas, through ``adapter`` (None: the base model);
+        the last has its finish reason. Closing it early cancels the request in the
+        engine. Raises ``EngineError``, ``LLMRequestError`` for an unknown adapter."""
+        if adapter is not None and adapter not in self.adapters:
+            raise LLMRequestError(
+                f"unknown adapter {adapter!r}; this function has {self.adapters or 'none'}"
+            )
+        with self.gate.hold(adapter):
+            yield from self._stream(prompt_ids, sampling, stop)
+
+    def _stream(
+        self, prompt_ids: list[int], sampling: Sampling, stop: list[str] | None
+    ) -> Iterator[TextDelta]:
         detok = IncrementalDetokenizer(self.tokenizer)
         scan = StopScanner(stop or [])
         steps = self.engine.generate(prompt_ids, sampling)
@@ -134,8 +157,93 @@ class LLMReplica:
         finally:
             steps.close()
 
+    def _switch_adapter(self, name: str | None) -> None:
+        """Make ``name`` the model's active adapter (None: the base model alone);
+        called by the gate while no request runs."""
+        if not self.adapters:
+            return
+        lora = self.model.base_model  # peft's LoraModel: its layers are in the model
+        if name is None:
+            lora.disable_adapter_layers()
+        else:
+            lora.enable_adapter_layers()
+            self.model.set_adapter(name)
+
     def close(self) -> None:
         self.engine.close()
+
+
+_WAKE_S = 0.1
+
+
+class AdapterGate:
+    """Calls of one adapter at a time in the running batch (the LoRA layers apply the
+    active adapter to every sequence). A call for another adapter waits until the
+    running calls end; calls arriving after it wait behind it, so no adapter starves.
+    ``switch`` makes an adapter active, with no call running."""
+
+    def __init__(self, switch: Callable[[str | None], None]) -> None:
+        self._switch = switch
+        self._cond = threading.Condition()
+        self._active: str | None = None
+        self._running = 0
+        self._waiting: deque[tuple[object, str | None]] = deque()
+
+    @contextmanager
+    def hold(self, adapter: str | None) -> Iterator[None]:
+        ticket = object()
+        with self._cond:
+            self._waiting.append((ticket, adapter))
+            try:
+                while not self._may_enter(ticket, adapter):
+                    self._cond.wait(_WAKE_S)  # a cancel raised in this thread lands here
+            finally:
+                self._waiting.remove((ticket, adapter))
+            if adapter != self._active:
+                self._switch(adapter)
+                self._active = adapter
+            self._running += 1
+            self._cond.notify_all()  # those behind, of the same adapter, may follow
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()
+
+    def _may_enter(self, ticket: object, adapter: str | None) -> bool:
+        if self._running == 0:
+            return self._waiting[0][0] is ticket
+        if adapter != self._active:
+            return False
+        for waiting, other in self._waiting:  # none ahead waits for another adapter
+            if waiting is ticket:
+                return True
+            if other != self._active:
+                return False
+        return True
+
+
+def _weights_dtype(weights: Any) -> Any:
+    """The dtype of the model's floating-point weights as pushed (None: none)."""
+    for tensor in weights.values():
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return None
+
+
+def _add_adapter(model: Any, adapter: Any) -> Any:
+    """``model`` with the LoRA ``adapter`` (a thaw ``Adapter``) loaded too (peft)."""
+    from peft import LoraConfig, PeftModel, set_peft_model_state_dict
+
+    fields = LoraConfig.__dataclass_fields__
+    config = LoraConfig(**{k: v for k, v in adapter.config.items() if k in fields})
+    if isinstance(model, PeftModel):
+        model.add_adapter(adapter.name, config)
+    else:
+        model = PeftModel(model, config, adapter_name=adapter.name)
+    set_peft_model_state_dict(model, adapter.tensors, adapter_name=adapter.name)
+    return model
 
 
 def _eos_ids(config: Any, tokenizer: Any) -> list[int]:

@@ -14,10 +14,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from control_plane.protocol import LLMOptions
 from examples.build_model import build_model
 from snapshotter.loader import LoadedTensors
 from worker.llm.engine import Sampling
-from worker.llm.serve import LLMOptions, LLMReplica, PromptTooLongError
+from worker.llm.serve import LLMReplica, PromptTooLongError
 from worker.sdk import Context
 
 TEMPLATE = (
@@ -45,7 +46,7 @@ def replica(model_dir: Path) -> Iterator[LLMReplica]:
     weights.report = None  # type: ignore[assignment]  # read from files, not the store
     config = json.loads((model_dir / "config.json").read_text())
     ctx = Context(device="cpu", weights=weights, config=config, files=model_dir)
-    r = LLMReplica(ctx, LLMOptions(max_num_seqs=4, kv_cache_bytes=2 << 20))
+    r = LLMReplica(ctx, LLMOptions(max_num_seqs=4, kv_cache_mb=2))
     yield r
     r.close()
 

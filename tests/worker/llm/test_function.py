@@ -1,0 +1,178 @@
+"""The LLM function entry (``worker.llm.function``) as the replica runs it: built with
+its ``[llm]`` options from a thaw Context (the example's tiny Llama, its tokenizer and
+chat template, a LoRA adapter), called with a ``CallContext``. Usage and token times
+land in the call; a stream closed or cancelled mid-way leaves the engine at once; a
+batch runs one adapter at a time."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from safetensors.torch import load_file
+
+from control_plane.protocol import LLMOptions
+from examples.build_model import build_adapter, build_model
+from snapshotter.loader import LoadedTensors
+from worker.call_cancel import CallCancelled, RunningCalls
+from worker.llm.function import LLMFunction
+from worker.llm.serve import AdapterGate, LLMRequestError
+from worker.sdk import Adapter, CallContext, Context
+
+
+def _tensors(directory: Path) -> LoadedTensors:
+    weights = LoadedTensors()
+    for shard in sorted(directory.glob("*.safetensors")):
+        weights.update(load_file(shard))
+    weights.report = None  # type: ignore[assignment]  # read from files, not the store
+    return weights
+
+
+@pytest.fixture(scope="module")
+def function(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLMFunction]:
+    root = tmp_path_factory.mktemp("llm-function")
+    model_dir = build_model(root / "model")
+    adapter_dir = build_adapter(model_dir, root / "pirate", seed=1)
+    adapter_config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    adapter = Adapter("pirate", _tensors(adapter_dir), adapter_config)
+    config = json.loads((model_dir / "config.json").read_text())
+    ctx = Context(
+        device="cpu",
+        weights=_tensors(model_dir),
+        config=config,
+        files=model_dir,
+        adapters={"pirate": adapter},
+    )
+    fn = LLMFunction(LLMOptions(max_num_seqs=4, kv_cache_mb=2, max_tokens_limit=64))
+    fn.setup(ctx)
+    yield fn
+    fn.close()
+
+
+def _call(stream: bool = False, adapter: str | None = None) -> CallContext:
+    return CallContext("c1", adapter=adapter, stream=stream)
+
+
+def test_a_call_reports_usage_and_token_times(function: LLMFunction) -> None:
+    call = _call()
+    out = function({"prompt": "Hello", "max_tokens": 12, "temperature": 0}, call)
+    assert out["tokens"] == call.usage["completion_tokens"] >= 1
+    assert call.usage["prompt_tokens"] == len(function.llm.text_prompt("Hello"))  # type: ignore[union-attr]
+    assert out["finish_reason"] in ("stop", "length")
+    assert call.timings_ms["ttft"] > 0
+    assert out["tokens"] == 1 or call.timings_ms["tpot"] > 0
+
+
+def test_a_stream_joined_equals_the_whole_text(function: LLMFunction) -> None:
+    request = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20, "temperature": 0}
+    whole = function(request, _call())
+    chunks = list(function(request, _call(stream=True)))
+    assert "".join(c["text"] for c in chunks) == whole["text"]
+    assert sum(c["tokens"] for c in chunks) == whole["tokens"]
+    assert chunks[-1]["finish_reason"] == whole["finish_reason"]
+
+
+def _wait_idle(function: LLMFunction) -> None:
+    engine = function.llm.engine  # type: ignore[union-attr]
+    deadline = time.monotonic() + 5
+    while engine.active_requests():
+        assert time.monotonic() < deadline, "the engine still holds the request"
+        time.sleep(0.01)
+
+
+def test_closing_a_stream_frees_its_sequence(function: LLMFunction) -> None:
+    engine = function.llm.engine  # type: ignore[union-attr]
+    stream = function({"prompt": "Hello", "max_tokens": 64, "temperature": 1.0}, _call(True))
+    next(stream)
+    assert engine.active_requests() == 1
+    stream.close()
+    _wait_idle(function)
+
+
+def test_a_cancel_in_the_call_thread_frees_its_sequence(function: LLMFunction) -> None:
+    """As the replica cancels a call whose client left: ``CallCancelled`` raised in the
+    thread that iterates the stream (``worker.call_cancel``)."""
+    engine = function.llm.engine  # type: ignore[union-attr]
+    running = RunningCalls()
+    first = threading.Event()
+    ended: list[BaseException] = []
+
+    def run() -> None:
+        running.enter("c1")
+        try:
+            for _ in function({"prompt": "Hi", "max_tokens": 64, "temperature": 1.0}, _call(True)):
+                first.set()
+                time.sleep(0.02)  # a slow reader: the request is still running
+        except CallCancelled as exc:
+            ended.append(exc)
+        finally:
+            running.leave("c1")
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert first.wait(10)
+    assert engine.active_requests() == 1
+    running.cancel("c1")
+    thread.join(5)
+    assert ended and not thread.is_alive()
+    _wait_idle(function)
+
+
+def test_an_adapter_changes_the_text_and_the_base_comes_back(function: LLMFunction) -> None:
+    request = {"prompt": "Hello, world!", "max_tokens": 24, "temperature": 0}
+    base = function(request, _call())["text"]
+    pirate = function(request, _call(adapter="pirate"))["text"]
+    assert pirate != base
+    assert function(request, _call())["text"] == base
+    with pytest.raises(LLMRequestError, match="unknown adapter 'nope'"):
+        function(request, _call(adapter="nope"))
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ("text", "an object"),
+        ({"prompt": "a", "messages": []}, "either"),
+        ({"prompt": 3}, "prompt"),
+        ({"prompt": "a", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "a", "max_tokens": 65}, "max_tokens_limit"),
+        ({"messages": [{"role": "user"}]}, "each message"),
+        ({"prompt": "a", "stop": "x"}, "stop"),
+        ({"prompt": "a", "temperature": "hot"}, "temperature"),
+    ],
+)
+def test_bad_input_is_a_request_error(function: LLMFunction, bad: Any, says: str) -> None:
+    with pytest.raises(LLMRequestError, match=says):
+        function(bad, _call())
+
+
+def test_the_gate_runs_one_adapter_at_a_time_and_starves_none() -> None:
+    switches: list[str | None] = []
+    gate = AdapterGate(switches.append)
+    log: list[str] = []
+    a1 = gate.hold("a")
+    a1.__enter__()
+    entered = threading.Event()
+
+    def take(name: str | None, tag: str) -> None:
+        with gate.hold(name):
+            log.append(tag)
+            entered.set()
+
+    b = threading.Thread(target=take, args=("b", "b"))
+    b.start()
+    time.sleep(0.2)
+    late_a = threading.Thread(target=take, args=("a", "a-late"))
+    late_a.start()
+    time.sleep(0.2)
+    assert log == []  # b waits for a1; the later "a" waits behind b
+    a1.__exit__(None, None, None)
+    b.join(5)
+    late_a.join(5)
+    assert log == ["b", "a-late"]
+    assert switches == ["a", "b", "a"]

@@ -1,0 +1,165 @@
+"""The entry of every LLM function (``spec.LLM_ENTRY``): thaw's own code over the
+user's pushed model, built with the function's ``[llm]`` options.
+
+A call's input is what the OpenAI routes make of a request
+(``control_plane.openai.calls``)::
+
+    {"messages": [{"role": "user", "content": "Hi"}]}   or   {"prompt": "Once"}
+    + "max_tokens" (None: all the context leaves), "temperature", "top_p",
+      "seed", "stop" (a list of strings)
+
+A streaming call yields ``{"text": delta, "tokens": n}`` as tokens are made, the
+last with ``"finish_reason"`` and ``"usage"``; any other call returns
+``{"text": all of it, "tokens": n, "finish_reason": ..., "usage": {...}}``. Either way the call's
+``usage`` has its prompt and completion tokens and its ``timings_ms`` its time to
+first token (``ttft``, from the call's start in the replica) and mean time per
+output token after the first (``tpot``).
+
+A call naming an adapter runs with that LoRA adapter active. The engine's batch
+runs one adapter at a time (``AdapterGate``): calls for another adapter wait
+until the running ones end, then the adapter is switched for the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from control_plane.protocol import LLMOptions
+from worker.llm.engine import Sampling
+from worker.llm.serve import LLMReplica, LLMRequestError, TextDelta
+
+
+class LLMFunction:
+    def __init__(self, options: LLMOptions | None = None) -> None:
+        self.options = options or LLMOptions()
+        self.llm: LLMReplica | None = None
+
+    def setup(self, ctx: Any) -> None:
+        self.llm = LLMReplica(ctx, self.options, adapters=list(ctx.adapters.values()))
+
+    def __call__(self, input: Any, call: Any) -> Any:
+        llm = self.llm
+        if llm is None:
+            raise RuntimeError("the LLM function was called before its setup")
+        started = time.perf_counter()
+        request = _request(input)
+        if "messages" in request:
+            prompt = llm.chat_prompt(request["messages"])
+        else:
+            prompt = llm.text_prompt(request["prompt"])
+        sampling = Sampling(
+            max_new_tokens=llm.max_new_tokens(prompt, request["max_tokens"]),
+            temperature=request["temperature"],
+            top_p=request["top_p"],
+            seed=request["seed"],
+        )
+        call.usage["prompt_tokens"] = len(prompt)
+        call.usage["completion_tokens"] = 0
+        deltas = _timed(llm.stream(prompt, sampling, request["stop"], call.adapter), started, call)
+        if call.stream:
+            return (_chunk(d, call.usage) for d in deltas)
+        text, tokens, reason = [], 0, None
+        for delta in deltas:
+            text.append(delta.text)
+            tokens += delta.tokens
+            reason = delta.finish_reason
+        out = {"text": "".join(text), "tokens": tokens, "finish_reason": reason}
+        return {**out, "usage": dict(call.usage)}
+
+    def close(self) -> None:
+        if self.llm is not None:
+            self.llm.close()
+
+
+def _chunk(delta: TextDelta, usage: dict[str, int]) -> dict[str, Any]:
+    """A stream's output; the last has the finish reason and the call's usage."""
+    chunk: dict[str, Any] = {"text": delta.text, "tokens": delta.tokens}
+    if delta.finish_reason is not None:
+        chunk["finish_reason"] = delta.finish_reason
+        chunk["usage"] = dict(usage)
+    return chunk
+
+
+def _timed(deltas: Iterator[TextDelta], started: float, call: Any) -> Iterator[TextDelta]:
+    """``deltas``, counting the call's completion tokens and timing its first token
+    and the mean gap after it, as they pass (also for a call cut short)."""
+    first = last = None
+    tokens = 0
+    try:
+        for delta in deltas:
+            if delta.tokens:
+                if first is None:
+                    first = delta.at_s
+                    call.timings_ms["ttft"] = (first - started) * 1000
+                last = delta.at_s
+                tokens += delta.tokens
+                call.usage["completion_tokens"] = tokens
+            yield delta
+    finally:
+        deltas.close()  # type: ignore[attr-defined]  # a generator: cancels the request
+        if first is not None and last is not None and tokens > 1:
+            call.timings_ms["tpot"] = (last - first) * 1000 / (tokens - 1)
+
+
+def _request(input: Any) -> dict[str, Any]:
+    """The call's input, checked (the OpenAI routes send it well formed; a caller of
+    the plain invoke route may not)."""
+    if not isinstance(input, dict):
+        raise LLMRequestError("an LLM call's input is an object with messages or prompt")
+    has_messages, has_prompt = "messages" in input, "prompt" in input
+    if has_messages == has_prompt:
+        raise LLMRequestError('an LLM call\'s input has either "messages" or "prompt"')
+    out: dict[str, Any] = {}
+    if has_messages:
+        out["messages"] = _messages(input["messages"])
+    else:
+        prompt = input["prompt"]
+        ok = isinstance(prompt, str) or (
+            isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt)
+        )
+        if not ok:
+            raise LLMRequestError('"prompt" is a string or a non-empty list of token ids')
+        out["prompt"] = prompt
+    max_tokens = input.get("max_tokens")
+    if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
+        raise LLMRequestError('"max_tokens" is a positive integer')
+    out["max_tokens"] = max_tokens
+    out["temperature"] = _number(input, "temperature", 1.0)
+    out["top_p"] = _number(input, "top_p", 1.0)
+    seed = input.get("seed")
+    if seed is not None and not (_is_int(seed) and 0 <= seed < 2**63):
+        raise LLMRequestError('"seed" is an integer from 0 to 2**63 - 1')
+    out["seed"] = seed
+    stop = input.get("stop") or []
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise LLMRequestError('"stop" is a list of strings')
+    out["stop"] = stop
+    return out
+
+
+def _messages(messages: Any) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        raise LLMRequestError('"messages" is a non-empty list')
+    out = []
+    for m in messages:
+        if not (
+            isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m
+        ) or not isinstance(m["content"], str):
+            raise LLMRequestError('each message is {"role": str, "content": str}')
+        out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+def _number(input: dict[str, Any], name: str, default: float) -> float:
+    value = input.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise LLMRequestError(f'"{name}" is a number')
+    return float(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
