@@ -12,6 +12,8 @@ and that the entry imports before the new version goes live. With
 
 from __future__ import annotations
 
+import json
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any
@@ -65,7 +67,44 @@ def validate_spec(doc: dict[str, Any], directory: Path) -> FunctionSpec:
 
 
 def deploy(
-    directory: Annotated[Path, typer.Argument(exists=True, file_okay=False)],
+    target: Annotated[
+        str,
+        typer.Argument(
+            metavar="DIRECTORY | NAME",
+            help="the function's code directory; with --llm, the LLM function's name",
+        ),
+    ],
+    llm: Annotated[
+        str | None,
+        typer.Option(
+            "--llm",
+            metavar="MODEL",
+            help="deploy NAME as an LLM function serving the pushed model MODEL "
+            "(NAME:TAG; any causal LM transformers loads) behind /openai/v1, no code needed",
+        ),
+    ] = None,
+    adapter: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="NAME=REF",
+            help="with --llm: a pushed LoRA adapter, called as model NAME:adapter (repeat)",
+        ),
+    ] = None,
+    dtype: Annotated[
+        str | None, typer.Option(help="with --llm: auto | float32 | bfloat16 | float16")
+    ] = None,
+    max_num_seqs: Annotated[
+        int | None, typer.Option(help="with --llm: sequences in one batch (default 8)")
+    ] = None,
+    max_batch_tokens: Annotated[
+        int | None, typer.Option(help="with --llm: tokens one engine step takes (default 512)")
+    ] = None,
+    kv_cache_mb: Annotated[
+        int | None, typer.Option(help="with --llm: the KV cache's size in MiB (default 64)")
+    ] = None,
+    context_length: Annotated[
+        int | None, typer.Option(help="with --llm: default the model's max_position_embeddings")
+    ] = None,
     store: Annotated[str | None, typer.Option(help=STORE_HELP)] = None,
     canary: Annotated[
         float | None,
@@ -74,8 +113,48 @@ def deploy(
         ),
     ] = None,
 ) -> None:
-    """Push the code in DIRECTORY and deploy it as a new version of its function."""
+    """Push the code in DIRECTORY and deploy it as a new version of its function; or,
+    with --llm MODEL, deploy NAME as an LLM function (its thaw.toml is written for you:
+    see control_plane/spec.py)."""
     settings = Settings()
+    llm_options = {
+        "dtype": dtype,
+        "max_num_seqs": max_num_seqs,
+        "max_batch_tokens": max_batch_tokens,
+        "kv_cache_mb": kv_cache_mb,
+        "context_length": context_length,
+    }
+    with tempfile.TemporaryDirectory(prefix="thaw-llm-") as scratch:
+        if llm is not None:
+            directory = Path(scratch)
+            options = {k: v for k, v in llm_options.items() if v is not None}
+            (directory / "thaw.toml").write_text(llm_toml(target, llm, options, adapter or []))
+        else:
+            given = [f"--{k.replace('_', '-')}" for k, v in llm_options.items() if v is not None]
+            if adapter:
+                given.append("--adapter")
+            if given:
+                raise fail(f"{', '.join(given)} go with --llm MODEL (or [llm] in thaw.toml)")
+            directory = Path(target)
+            if not directory.is_dir():
+                raise fail(f"{target} is not a directory (an LLM function: --llm MODEL {target})")
+        _deploy(settings, directory, store, canary)
+
+
+def llm_toml(name: str, model: str, options: dict[str, Any], adapters: list[str]) -> str:
+    """The ``thaw.toml`` of an LLM function (``deploy --llm``)."""
+    lines = [f"name = {json.dumps(name)}", f"model = {json.dumps(model)}", "", "[llm]"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in options.items()]
+    for pair in adapters:
+        adapter_name, sep, ref = pair.partition("=")
+        if not sep or not adapter_name or not ref:
+            raise fail(f"--adapter takes NAME=REF (a pushed adapter), not {pair!r}")
+        lines += ["", "[[adapters]]", f"name = {json.dumps(adapter_name)}"]
+        lines.append(f"ref = {json.dumps(ref)}")
+    return "\n".join(lines) + "\n"
+
+
+def _deploy(settings: Settings, directory: Path, store: str | None, canary: float | None) -> None:
     spec = validate_spec(read_spec_file(directory), directory)
     try:
         registry = open_registry(settings, store)
@@ -96,6 +175,12 @@ def deploy(
         )
         return
     out.print(f"deployed {fn['name']} version {fn['version']} (bundle {pushed.digest[:19]}…)")
+    if spec.llm is not None:
+        out.print(
+            f"an LLM function: model {fn['name']!r} at {settings.server_url}/openai/v1 "
+            "(chat/completions, completions, models)",
+            soft_wrap=True,
+        )
 
 
 @app.command("ls")

@@ -46,17 +46,37 @@ On disk, next to the code, as ``thaw.toml`` (or ``thaw.yaml`` with the same keys
 ``thaw deploy DIR`` pushes DIR to the store as a bundle artifact (through the
 snapshotter; ``thaw.toml`` included) and sends the spec with ``bundle`` set
 to the bundle's manifest digest. The API never receives code itself.
+
+An LLM function has no code of its own: ``[llm]`` instead of ``entry`` serves the
+pushed Hugging Face causal LM ``model`` (its tokenizer and chat template from the
+model's files) on a continuous-batching engine, behind the OpenAI routes
+(``/openai/v1``). ``thaw deploy --llm MODEL NAME`` writes this for you::
+
+    name = "chat"
+    model = "qwen-0.5b:v1"
+
+    [llm]                          # all optional (control_plane.protocol.LLMOptions)
+    dtype = "auto"                 # auto (as pushed) | float32 | bfloat16 | float16
+    max_num_seqs = 8               # sequences in one batch: the replica's concurrency
+    max_batch_tokens = 512         # tokens one engine step processes
+    kv_cache_mb = 64               # the paged KV cache, sized here, never "free memory"
+    context_length = 2048          # default: the model's max_position_embeddings
+    max_tokens_limit = 4096        # the most tokens one call may ask for
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from control_plane.protocol import LLMOptions
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 SECRET_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]{0,127}$"
 ENTRY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
+#: The entry of every LLM function: thaw's own (``worker.llm.function``).
+LLM_ENTRY = "worker.llm.function:LLMFunction"
 
 
 class Scaling(BaseModel):
@@ -162,6 +182,35 @@ class FunctionSpec(BaseModel):
     network: bool = False  # containers get no network unless this is set
     memory_bytes: int | None = Field(default=None, ge=64 << 20)
     cpus: float | None = Field(default=None, gt=0, le=1024)
+    llm: LLMOptions | None = None  # an LLM function: thaw serves ``model`` (no code)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _llm_entry(cls, data: Any) -> Any:
+        """An LLM function's entry is thaw's own; a spec with ``[llm]`` leaves it out."""
+        if isinstance(data, dict) and data.get("llm") is not None and "entry" not in data:
+            return {**data, "entry": LLM_ENTRY}
+        return data
+
+    @model_validator(mode="after")
+    def _llm_function(self) -> FunctionSpec:
+        if self.llm is None:
+            if self.entry == LLM_ENTRY:
+                raise ValueError(f"entry {LLM_ENTRY} serves an [llm] table; add one")
+            return self
+        if self.entry != LLM_ENTRY:
+            raise ValueError("an [llm] function runs thaw's own code: leave entry out")
+        if not self.model:
+            raise ValueError('an [llm] function serves a pushed model: set model = "NAME:TAG"')
+        if self.batching is not None:
+            raise ValueError(
+                "an [llm] function batches by itself (continuous batching, [llm] "
+                "max_num_seqs): remove [batching]"
+            )
+        if "target_concurrency" not in self.scaling.model_fields_set:
+            # Routing and autoscaling count sequences: a replica takes a full batch.
+            self.scaling.target_concurrency = self.llm.max_num_seqs
+        return self
 
     @property
     def replica_capacity(self) -> int:

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from control_plane.db.models import Call, Canary, Function, FunctionVersion
 from control_plane.errors import BadRequestError, NotFoundError
 from control_plane.services import function_health
-from control_plane.services.bundles import BundleValidator
+from control_plane.services.bundles import BundleValidator, EntryTraits
 from control_plane.services.function_health import FunctionHealth
 from control_plane.services.states import NON_FINAL_CALL_STATES
 from control_plane.spec import FunctionSpec
@@ -115,7 +115,12 @@ def deploy(
         for a in spec.adapters
     ]
     bundle_digest = _resolve(registry, spec.bundle, ArtifactKind.BUNDLE, "code bundle")
-    traits = validate(registry, spec.bundle, spec.entry)
+    # An LLM function's entry is thaw's own: nothing of the bundle's to import.
+    traits = (
+        EntryTraits(loads_adapters=True)
+        if spec.llm
+        else validate(registry, spec.bundle, spec.entry)
+    )
     fn = session.scalars(select(Function).where(Function.name == spec.name)).first()
     if canary_pct is not None and (fn is None or fn.active_version is None):
         raise BadRequestError(

@@ -88,6 +88,7 @@ def create(
         max_batch_size=fn.spec.batching.max_batch_size if fn.spec.batching else None,
         max_wait_ms=fn.spec.batching.max_wait_ms if fn.spec.batching else 0.0,
         max_concurrent_calls=fn.spec.scaling.target_concurrency,
+        llm=fn.spec.llm,
     )
 
 

@@ -137,6 +137,34 @@ def test_deploy_invoke_show_rollback_rm(cp: ControlPlane, code_dir: Path) -> Non
     assert r.exit_code == 2 and "404" in r.output
 
 
+def test_deploy_llm_writes_the_spec_and_refuses_what_goes_without_it(
+    cp: ControlPlane, tmp_path: Path
+) -> None:
+    env = _env(cp)
+    adapter = cp.store.adapter_refs[0]
+    args = ["deploy", "--llm", cp.store.model_ref, "chat", "--max-num-seqs", "4"]
+    r = runner.invoke(app, [*args, "--kv-cache-mb", "8", "--adapter", f"fr={adapter}"], env=env)
+    assert r.exit_code == 0, r.output
+    assert "deployed chat version 1" in r.output and "/openai/v1" in r.output
+    fn = httpx.get(
+        f"{cp.base_url}/v1/functions/chat", headers={"Authorization": f"Bearer {cp.admin_token}"}
+    ).json()
+    spec = fn["spec"]
+    assert spec["entry"] == "worker.llm.function:LLMFunction"
+    assert (spec["llm"]["max_num_seqs"], spec["llm"]["kv_cache_mb"]) == (4, 8)
+    assert spec["scaling"]["target_concurrency"] == 4  # a replica takes a full batch
+    assert [a["name"] for a in spec["adapters"]] == ["fr"]
+    for bad, said in [
+        (["deploy", str(tmp_path), "--kv-cache-mb", "8"], "--kv-cache-mb go with --llm"),
+        (["deploy", str(tmp_path / "nope")], "is not a directory"),
+        ([*args, "--adapter", "fr"], "--adapter takes NAME=REF"),
+        ([*args, "--dtype", "int3"], "dtype"),
+        (["deploy", "--llm", "missing:v9", "chat"], "missing:v9"),
+    ]:
+        r = runner.invoke(app, bad, env=env)
+        assert r.exit_code != 0 and said in r.output, (bad, r.output)
+
+
 def test_calls_show_prints_an_llm_calls_tokens(cp: ControlPlane, code_dir: Path) -> None:
     cp.worker()
     env = _env(cp)

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 import control_plane.spec as spec_module
 from cli.functions import read_spec_file
-from control_plane.spec import FunctionSpec
+from control_plane.spec import LLM_ENTRY, FunctionSpec
 
 DIGEST = "blake3:" + "0" * 64
 
@@ -27,6 +27,16 @@ def test_documented_example_is_a_valid_spec() -> None:
     spec = FunctionSpec.model_validate({**tomllib.loads(_documented_example()), "bundle": DIGEST})
     assert spec.adapters[0].name == "fr" and spec.scaling.target_concurrency == 4
     assert spec.env == {"MY_FLAG": "1"}
+
+
+def test_documented_llm_example_is_a_valid_spec() -> None:
+    doc = spec_module.__doc__ or ""
+    block = doc.split("writes this for you::\n\n", 1)[1]
+    toml = "\n".join(line[4:] for line in block.splitlines())
+    spec = FunctionSpec.model_validate({**tomllib.loads(toml), "bundle": DIGEST})
+    assert spec.llm is not None and spec.llm.kv_cache_mb == 64
+    assert spec.entry == LLM_ENTRY
+    assert spec.scaling.target_concurrency == spec.llm.max_num_seqs == 8
 
 
 def test_yaml_and_toml_give_the_same_spec(tmp_path: Path) -> None:
@@ -48,3 +58,20 @@ def test_bad_specs_name_the_field() -> None:
         FunctionSpec.model_validate(
             {"name": "a", "bundle": DIGEST, "entry": "m:C", "adapters": adapters}
         )
+
+
+def test_an_llm_spec_is_refused_with_what_to_change() -> None:
+    llm = {"name": "chat", "bundle": DIGEST, "llm": {}}
+    for extra, message in [
+        ({}, "set model"),
+        ({"model": "m:v1", "entry": "app:C"}, "leave entry out"),
+        ({"model": "m:v1", "batching": {"max_batch_size": 4}}, "remove \\[batching\\]"),
+        ({"model": "m:v1", "llm": {"kv_cache_mb": 0}}, "kv_cache_mb"),
+        ({"model": "m:v1", "llm": {"page_size": 8}}, "page_size"),
+    ]:
+        with pytest.raises(ValidationError, match=message):
+            FunctionSpec.model_validate({**llm, **extra})
+    with pytest.raises(ValidationError, match="add one"):
+        FunctionSpec.model_validate({"name": "a", "bundle": DIGEST, "entry": LLM_ENTRY})
+    scaled = {**llm, "model": "m:v1", "scaling": {"target_concurrency": 2}}
+    assert FunctionSpec.model_validate(scaled).scaling.target_concurrency == 2
