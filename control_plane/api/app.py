@@ -37,6 +37,7 @@ from control_plane.api.routes import (
     invoke,
     keys,
     models,
+    openai,
     scaling,
     secrets,
     stats,
@@ -223,6 +224,7 @@ def create_app(
     app.include_router(secrets.router)
     for module in (stats, scaling, uploads, console):  # the web console's needs
         app.include_router(module.router)
+    app.include_router(openai.router)  # /openai/v1: LLM functions for OpenAI clients
     app.add_middleware(
         BodySizeLimit,
         max_body_bytes=settings.max_body_bytes,

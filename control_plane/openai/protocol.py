@@ -57,7 +57,7 @@ class _Generation(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
     user: str | None = None  # an end-user id for the caller's own records: kept out of it
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0

@@ -27,7 +27,7 @@ from control_plane.services.states import DEADLINE_CALL_STATES
 
 @dataclass(frozen=True)
 class StreamItem:
-    kind: Literal["output", "done", "error"]
+    kind: Literal["output", "done", "error", "waiting"]
     data: Any
     call: CallView | None = None
 
@@ -78,15 +78,19 @@ class Activator:
             )
         self.s.notifier.notify(call_id)
 
-    def stream(self, call_id: str) -> Iterator[StreamItem]:
-        """Each streamed output in order, then ``done`` (the call) or ``error``."""
+    def stream(self, call_id: str, keepalive_s: float | None = None) -> Iterator[StreamItem]:
+        """Each streamed output in order, then ``done`` (the call) or ``error``.
+        With ``keepalive_s``: a ``waiting`` item (its data the call's status) whenever
+        that long passed with nothing else to give, e.g. through a cold start."""
         seen, last_seq = 0, 0
+        last_item = self.s.clock()
         while True:
             with self.s.db.session() as session:
                 view = calls.get(session, call_id)
                 chunks = calls.outputs_after(session, call_id, view.attempt, last_seq)
             for seq, out in chunks:
                 last_seq = seq
+                last_item = self.s.clock()
                 yield StreamItem("output", out)
             if view.final:
                 kind: Literal["done", "error"] = "done" if view.status == "succeeded" else "error"
@@ -99,7 +103,13 @@ class Activator:
                     yield StreamItem("error", str(exc), self._read(call_id))
                     return
                 continue
-            seen = self._wait(call_id, seen, view.deadline_at)
+            if keepalive_s is not None and self.s.clock() - last_item >= keepalive_s:
+                last_item = self.s.clock()
+                yield StreamItem("waiting", view.status)
+            until = view.deadline_at
+            if keepalive_s is not None:
+                until = min(until, last_item + keepalive_s)
+            seen = self._wait(call_id, seen, until)
 
     def _expire(self, view: CallView) -> CallView:
         """End ``view`` as expired (still queued) or timeout and raise; if a result won

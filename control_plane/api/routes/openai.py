@@ -1,0 +1,203 @@
+"""OpenAI-compatible routes over LLM functions, under ``/openai/v1`` (thaw's own
+``/v1/models`` lists the store, so these take a prefix of their own)::
+
+    GET  /openai/v1/models              one entry per LLM function and function:adapter
+    POST /openai/v1/chat/completions    messages → the model's chat template
+    POST /openai/v1/completions         a plain prompt
+
+A thaw key is the bearer token. Each request is one thaw call on the streaming
+invoke path (router, activator, cold start from zero); a stream sends SSE comments
+while its call waits for a replica, then the chunks, then ``data: [DONE]``. Every
+error is OpenAI's error object with its status, so the ``openai`` SDK raises the
+matching exception. A stream whose first event is a failure (a bad prompt on a warm
+replica) still gets its status; one that fails after it began gets the error as an
+event, as OpenAI sends it.
+
+Thin on purpose: the wire format is ``control_plane.openai``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from control_plane.api.deps import principal_of
+from control_plane.api.disconnect import until_disconnect
+from control_plane.api.errors import status_for
+from control_plane.api.invoke_body import check
+from control_plane.api.rate_limits import charge_if_known
+from control_plane.api.timing import headers_for
+from control_plane.errors import ControlPlaneError, DeadlineExceededError, RateLimitedError
+from control_plane.openai import calls
+from control_plane.openai.errors import OpenAIError, invalid
+from control_plane.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from control_plane.services.activator import StreamItem
+from control_plane.services.calls import CallRequest, CallView
+from control_plane.services.invocations import Invocations
+from control_plane.services.keys import Principal
+from control_plane.services.ratelimit import retry_after_header
+
+router = APIRouter(prefix="/openai/v1", tags=["openai"])
+
+#: How long a stream waits for its first event before it sends the status and then
+#: an SSE comment each time this passes with nothing to send (a cold start).
+KEEPALIVE_S = 1.0
+
+
+@router.get("/models")
+async def list_models(request: Request) -> Response:
+    try:
+        who = await principal_of(request)
+        inv: Invocations = request.app.state.invocations
+        models = await run_in_threadpool(_models, inv, who)
+    except (ControlPlaneError, OpenAIError) as exc:
+        return error_response(exc)
+    return JSONResponse(models)
+
+
+def _models(inv: Invocations, who: Principal) -> dict[str, Any]:
+    with inv.s.db.session() as session:
+        return calls.model_list(session, who).model_dump(mode="json")
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await _generate(request, ChatCompletionRequest)
+
+
+@router.post("/completions")
+async def completions(request: Request) -> Response:
+    return await _generate(request, CompletionRequest)
+
+
+async def _generate(
+    request: Request, kind: type[ChatCompletionRequest] | type[CompletionRequest]
+) -> Response:
+    since = time.perf_counter()
+    inv: Invocations = request.app.state.invocations
+    try:
+        who = await principal_of(request)
+        body = await _body(request)
+        parsed = parse_request(kind, body)
+        target = await run_in_threadpool(_resolve, inv, who, parsed.model)
+        await _charge(request, who, target.function)
+        call = CallRequest(calls.call_input(parsed, target), target.adapter, parsed.stream)
+        if not parsed.stream:
+            return await run_in_threadpool(
+                _complete, inv, who, target.function, call, parsed, since
+            )
+        view, _ = await run_in_threadpool(inv.invoke, who, target.function, call)
+        items = inv.activator.stream(view.id, keepalive_s=KEEPALIVE_S)
+        first = await run_in_threadpool(next, items)
+        view = await run_in_threadpool(inv.get, who, view.id)  # cold or warm, if known yet
+        if first.kind == "error":
+            call_view = first.call
+            raise calls.failure(call_view, _text(first.data), call_view.status if call_view else "")
+    except (ControlPlaneError, OpenAIError) as exc:
+        return error_response(exc)
+    stream = calls.Stream(parsed, view.id)
+    return StreamingResponse(
+        until_disconnect(
+            request,
+            _events(stream, first, items),
+            lambda: inv.activator.client_gone(view.id),
+        ),
+        media_type="text/event-stream",
+        headers={**_stream_headers(view, since), "Cache-Control": "no-cache"},
+    )
+
+
+def _stream_headers(view: CallView, since: float) -> dict[str, str]:
+    """The call's headers as the stream begins; a call still queued (a replica is
+    starting) has no X-Thaw-Cold yet: its record says once it is known."""
+    headers = headers_for(view, since)
+    if view.status == "queued":
+        del headers["X-Thaw-Cold"]
+    return headers
+
+
+async def _body(request: Request) -> Any:
+    raw = await request.body()
+    if not raw:
+        raise invalid("the request has no body: send a JSON object")
+    check(
+        raw, request.headers.get("content-type"), request.app.state.services.settings.max_body_depth
+    )
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise invalid(f"the request body is not JSON: {exc}") from None
+
+
+def _resolve(inv: Invocations, who: Principal, model: str) -> calls.Target:
+    with inv.s.db.session() as session:
+        return calls.resolve(session, who, model)
+
+
+async def _charge(request: Request, who: Principal, function: str) -> None:
+    """The key's and the function's rate limits, as ``POST .../invoke`` charges them."""
+    limiter = request.app.state.rate_limiter
+    if not charge_if_known(limiter, who, function):
+        await run_in_threadpool(limiter.check, who.key_id, who.rate, function)
+
+
+def _complete(
+    inv: Invocations,
+    who: Principal,
+    function: str,
+    call: CallRequest,
+    parsed: ChatCompletionRequest | CompletionRequest,
+    since: float,
+) -> Response:
+    """A call that is not streamed, start to end (blocking)."""
+    view, _ = inv.invoke(who, function, call, direct=True)
+    try:
+        final = inv.activator.wait_final(view.id, view)
+    except DeadlineExceededError as exc:
+        raise OpenAIError(504, str(exc), None, "timeout") from None
+    if final.status != "succeeded":
+        raise calls.failure(final, final.error, final.status)
+    body = calls.response(parsed, final).model_dump(mode="json")
+    return JSONResponse(body, headers=headers_for(final, since))
+
+
+def _events(stream: calls.Stream, first: StreamItem, rest: Iterator[StreamItem]) -> Iterator[bytes]:
+    """The stream's SSE events: comments while waiting, chunks, then ``[DONE]``."""
+    for item in _chain(first, rest):
+        if item.kind == "waiting":
+            yield f": waiting for a replica (call {item.data})\n\n".encode()
+        elif item.kind == "output":
+            yield from stream.output(item.data)
+        elif item.kind == "error":
+            status = item.call.status if item.call is not None else ""
+            yield calls.Stream.error(calls.failure(item.call, _text(item.data), status))
+            return
+        else:
+            yield calls.DONE
+            return
+
+
+def _chain(first: StreamItem, rest: Iterator[StreamItem]) -> Iterator[StreamItem]:
+    yield first
+    yield from rest
+
+
+def _text(data: Any) -> str:
+    return data if isinstance(data, str) else json.dumps(data)
+
+
+def error_response(exc: Exception) -> JSONResponse:
+    """``exc`` as OpenAI's error object (thaw's own errors keep their status)."""
+    headers = {}
+    if isinstance(exc, RateLimitedError):
+        headers["Retry-After"] = retry_after_header(exc.retry_after_s)
+    error = exc if isinstance(exc, OpenAIError) else OpenAIError(status_for(exc), str(exc))
+    if error.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(error.body(), error.status, headers=headers)

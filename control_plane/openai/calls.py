@@ -1,0 +1,248 @@
+"""An OpenAI request as a thaw call, and the call's end as OpenAI's answer.
+
+``model`` names an LLM function (``function`` or ``function:adapter``) the key may
+invoke. The call's input is what ``worker.llm.function`` takes; what it yields (text
+deltas, the last with its finish reason and usage) becomes the response, or the
+chunks of a stream (``ChatStream``, ``CompletionStream``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from control_plane.db.models import Function
+from control_plane.errors import ForbiddenError
+from control_plane.openai.errors import OpenAIError, invalid, model_not_found
+from control_plane.openai.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    FinishReason,
+    ModelCard,
+    ModelList,
+    Usage,
+)
+from control_plane.services import functions
+from control_plane.services.calls import CallView
+from control_plane.services.keys import Principal
+from control_plane.spec import FunctionSpec
+
+#: Errors the LLM function raises for a request it cannot serve: 400, not 500.
+REQUEST_ERRORS = ("LLMRequestError", "PromptTooLongError")
+
+
+@dataclass(frozen=True)
+class Target:
+    function: str
+    adapter: str | None
+    spec: FunctionSpec
+    created: int
+
+
+def _llm_functions(session: Session, who: Principal) -> list[Target]:
+    """Every LLM function this key may invoke, as deployed now."""
+    out = []
+    for fn in session.scalars(select(Function).order_by(Function.name)):
+        if fn.active_version is None:
+            continue
+        try:
+            who.require("invoke", fn.name)
+        except ForbiddenError:
+            continue
+        spec = functions.active_of(session, fn).spec
+        if spec.llm is not None:
+            out.append(Target(fn.name, None, spec, int(fn.created_at)))
+    return out
+
+
+def model_list(session: Session, who: Principal) -> ModelList:
+    """One card per LLM function and one per ``function:adapter``."""
+    cards = []
+    for target in _llm_functions(session, who):
+        cards.append(ModelCard(id=target.function, created=target.created))
+        for adapter in target.spec.adapters:
+            cards.append(ModelCard(id=f"{target.function}:{adapter.name}", created=target.created))
+    return ModelList(data=cards)
+
+
+def resolve(session: Session, who: Principal, model: str) -> Target:
+    """The function (and adapter) ``model`` names, or OpenAI's 404."""
+    who.require("invoke")  # a key that may call nothing learns nothing of names
+    name, _, adapter = model.partition(":")
+    targets = {t.function: t for t in _llm_functions(session, who)}
+    target = targets.get(name)
+    adapters = [a.name for a in target.spec.adapters] if target is not None else []
+    if target is None or (adapter and adapter not in adapters):
+        known = [card.id for card in model_list(session, who).data]
+        raise model_not_found(model, known)
+    return Target(target.function, adapter or None, target.spec, target.created)
+
+
+def call_input(
+    request: ChatCompletionRequest | CompletionRequest, target: Target
+) -> dict[str, Any]:
+    """What ``worker.llm.function`` takes. Raises OpenAI's 400 for ``max_tokens``
+    over the function's limit (the replica checks the context)."""
+    assert target.spec.llm is not None
+    requested = request.requested_tokens()
+    limit = target.spec.llm.max_tokens_limit
+    if requested is not None and requested > limit:
+        param = "max_completion_tokens" if _asks_completion_tokens(request) else "max_tokens"
+        raise invalid(
+            f"{param} is {requested}; {target.function} allows at most {limit} per call", param
+        )
+    out: dict[str, Any] = {
+        "max_tokens": requested,
+        "temperature": 1.0 if request.temperature is None else request.temperature,
+        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "seed": request.seed,
+        "stop": request.stop_strings(),
+    }
+    if isinstance(request, ChatCompletionRequest):
+        out["messages"] = [{"role": m.role, "content": m.text()} for m in request.messages]
+    else:
+        prompt = request.prompt
+        out["prompt"] = (
+            prompt[0] if isinstance(prompt, list) and isinstance(prompt[0], str) else prompt
+        )
+    return out
+
+
+def _asks_completion_tokens(request: ChatCompletionRequest | CompletionRequest) -> bool:
+    return isinstance(request, ChatCompletionRequest) and request.max_completion_tokens is not None
+
+
+def failure(view: CallView | None, error: str | None, status: str) -> OpenAIError:
+    """The OpenAI error for a call that did not succeed."""
+    text = error or f"the call ended {status}"
+    kind, _, rest = text.partition(": ")
+    if kind in REQUEST_ERRORS:
+        message = rest.splitlines()[0] if rest else text
+        param = "messages" if view is not None and "messages" in (view.input or {}) else "prompt"
+        return OpenAIError(400, message, param if kind == "PromptTooLongError" else None)
+    if status in ("timeout", "expired"):
+        return OpenAIError(504, text.splitlines()[0], None, "timeout")
+    if status == "cancelled":
+        return OpenAIError(409, text.splitlines()[0])
+    call = f" (call {view.id})" if view is not None else ""
+    return OpenAIError(500, f"the model failed{call}: {text.splitlines()[0]}")
+
+
+def _usage(output: dict[str, Any]) -> Usage:
+    usage = output.get("usage") or {}
+    return Usage.of(int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
+
+
+def response(
+    request: ChatCompletionRequest | CompletionRequest, view: CallView
+) -> ChatCompletion | Completion:
+    """A succeeded call as the completion object."""
+    output = view.output if isinstance(view.output, dict) else {}
+    text = str(output.get("text", ""))
+    reason: FinishReason = "length" if output.get("finish_reason") == "length" else "stop"
+    created = int(view.accepted_at)
+    if isinstance(request, ChatCompletionRequest):
+        message = AssistantMessage(content=text)
+        choice = ChatChoice(message=message, finish_reason=reason)
+        return ChatCompletion(
+            id=f"chatcmpl-{view.id}",
+            created=created,
+            model=request.model,
+            choices=[choice],
+            usage=_usage(output),
+        )
+    return Completion(
+        id=f"cmpl-{view.id}",
+        created=created,
+        model=request.model,
+        choices=[CompletionChoice(text=text, finish_reason=reason)],
+        usage=_usage(output),
+    )
+
+
+def sse(data: Any) -> bytes:
+    body = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {body}\n\n".encode()
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+class Stream:
+    """One stream's chunks, as the call's outputs come (``chunks``), in OpenAI's
+    shape for chat (``chat.completion.chunk``) or text (``text_completion``)."""
+
+    def __init__(
+        self, request: ChatCompletionRequest | CompletionRequest, call_id: str | None = None
+    ) -> None:
+        self.request = request
+        self.chat = isinstance(request, ChatCompletionRequest)
+        prefix = "chatcmpl-" if self.chat else "cmpl-"
+        self.id = prefix + (call_id or uuid.uuid4().hex)
+        self.created = int(time.time())
+        self.started = False
+
+    def output(self, chunk: Any) -> list[bytes]:
+        """The SSE events for one output of the call."""
+        chunk = chunk if isinstance(chunk, dict) else {}
+        events = []
+        if self.chat and not self.started:
+            events.append(self._chat(ChatDelta(role="assistant", content="")))
+        self.started = True
+        text, reason = str(chunk.get("text", "")), chunk.get("finish_reason")
+        if text:
+            events.append(self._chat(ChatDelta(content=text)) if self.chat else self._text(text))
+        if reason is not None:
+            last = self._chat(ChatDelta(), reason) if self.chat else self._text("", reason)
+            events.append(last)
+            if self.request.include_usage():
+                events.append(self._usage(_usage(chunk)))
+        return events
+
+    def _chat(self, delta: ChatDelta, reason: Any = None) -> bytes:
+        choice = ChatChunkChoice(delta=delta, finish_reason=reason)
+        chunk = ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.request.model, choices=[choice]
+        )
+        body = chunk.model_dump(mode="json")
+        body["choices"][0]["delta"] = delta.model_dump(exclude_none=True)  # as OpenAI sends it
+        return sse(body)
+
+    def _text(self, text: str, reason: Any = None) -> bytes:
+        choice = CompletionChoice(text=text, finish_reason=reason)
+        chunk = Completion(
+            id=self.id, created=self.created, model=self.request.model, choices=[choice]
+        )
+        return sse(chunk.model_dump_json())
+
+    def _usage(self, usage: Usage) -> bytes:
+        """The last chunk with ``stream_options.include_usage``: no choices, the usage."""
+        if self.chat:
+            chunk: ChatCompletionChunk | Completion = ChatCompletionChunk(
+                id=self.id, created=self.created, model=self.request.model, choices=[], usage=usage
+            )
+        else:
+            chunk = Completion(
+                id=self.id, created=self.created, model=self.request.model, choices=[], usage=usage
+            )
+        return sse(chunk.model_dump_json())
+
+    @staticmethod
+    def error(error: OpenAIError) -> bytes:
+        """An error after the stream began (the status was sent): as OpenAI streams it,
+        which the SDK raises as ``APIError``."""
+        return sse(error.body())

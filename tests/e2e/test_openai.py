@@ -1,0 +1,276 @@
+"""An LLM function (``[llm]``, no code) on the embedded stack, driven by the ``openai``
+SDK unchanged at ``/openai/v1``: the first call from zero, listing, chat and text
+completions, streams with usage, an adapter by ``function:adapter``, bad input as
+OpenAI's errors, a client that leaves mid-stream, and eight streams sharing steps.
+
+The model is the example's tiny Llama (random weights) with its byte-level tokenizer
+and chat template, built here; greedy text is checked against ``generate``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import torch
+
+from examples.build_model import build_adapter, build_model
+from snapshotter.manifest import ArtifactKind
+from snapshotter.push import push_directory
+from snapshotter.registry import Registry
+from snapshotter.stores import LocalStore
+from tests.e2e.conftest import E2EStore, running_stack
+from tests.e2e.stack import Stack
+
+FUNCTION = "chat"
+MAX_NUM_SEQS = 8
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_model(tmp_path_factory.mktemp("llm") / "model")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("openai-e2e")
+    registry = Registry(LocalStore(tmp / "store"))
+    push_directory(model_dir, "tiny-chat:v1", registry)
+    adapter = build_adapter(model_dir, tmp / "pirate", seed=1)
+    push_directory(adapter, "tiny-pirate:v1", registry)
+    code = tmp / "code"
+    code.mkdir()
+    (code / "thaw.toml").write_text("")  # an LLM function's bundle holds only its spec
+    bundle = push_directory(code, "bundles/chat:v1", registry, kind=ArtifactKind.BUNDLE)
+    store = E2EStore(root=tmp / "store", bundle=bundle.digest, model="tiny-chat:v1")
+    with running_stack("embedded", tmp, store) as s:
+        s.deploy(
+            {
+                "name": FUNCTION,
+                "bundle": bundle.digest,
+                "model": "tiny-chat:v1",
+                "device": "cpu",
+                "timeout_s": 120,
+                "adapters": [{"name": "pirate", "ref": "tiny-pirate:v1"}],
+                "llm": {"max_num_seqs": MAX_NUM_SEQS, "kv_cache_mb": 4, "max_tokens_limit": 64},
+                "scaling": {"min_replicas": 0, "max_replicas": 1, "idle_timeout_s": 600},
+            }
+        )
+        yield s
+
+
+def sdk(stack: Stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.url}/openai/v1", api_key=stack.admin_key, max_retries=0)
+
+
+def generate_text(model_dir: Path, ids: list[int], max_new_tokens: int) -> str:
+    """What ``generate`` says greedily for ``ids``, decoded."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens)
+    return str(tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True))
+
+
+def prompt_ids(model_dir: Path, text: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return list(AutoTokenizer.from_pretrained(model_dir)(text)["input_ids"])
+
+
+def chat_ids(model_dir: Path, content: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    encoded: Any = tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True
+    )
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
+def test_the_first_call_waits_through_the_cold_start_then_streams(
+    stack: Stack, model_dir: Path
+) -> None:
+    """Scaled to zero: the stream sends comments while the replica starts, then chunks."""
+    body = {
+        "model": FUNCTION,
+        "prompt": "The quick brown fox",
+        "max_tokens": 12,
+        "temperature": 0,
+        "stream": True,
+    }
+    headers = {"Authorization": f"Bearer {stack.admin_key}"}
+    lines = []
+    with (
+        httpx.Client(base_url=stack.url, timeout=120) as c,
+        c.stream("POST", "/openai/v1/completions", json=body, headers=headers) as r,
+    ):
+        assert r.status_code == 200, r.read()
+        assert "x-thaw-cold" not in r.headers  # still queued when the stream began
+        call_id = r.headers["x-thaw-call-id"]
+        lines = [line for line in r.iter_lines() if line]
+    assert stack.call(call_id)["cold"] is True
+    comments = [line for line in lines if line.startswith(":")]
+    data = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    assert comments, "no SSE comment was sent while the replica started"
+    assert data[-1] == "[DONE]"
+    text = "".join(json.loads(d)["choices"][0]["text"] for d in data[:-1])
+    assert text == generate_text(model_dir, prompt_ids(model_dir, "The quick brown fox"), 12)
+
+
+def test_models_lists_each_function_and_adapter(stack: Stack) -> None:
+    ids = [m.id for m in sdk(stack).models.list()]
+    assert ids == [FUNCTION, f"{FUNCTION}:pirate"]
+
+
+def test_chat_equals_generate_on_the_chat_template(stack: Stack, model_dir: Path) -> None:
+    client = sdk(stack)
+    reply = client.chat.completions.create(
+        model=FUNCTION,
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Hello"}]}],
+        max_completion_tokens=16,
+        temperature=0,
+    )
+    want = generate_text(model_dir, chat_ids(model_dir, "Hello"), 16)
+    assert reply.choices[0].message.content == want
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert reply.usage is not None
+    assert reply.usage.prompt_tokens == len(chat_ids(model_dir, "Hello"))
+    assert 1 <= reply.usage.completion_tokens <= 16
+    call = stack.call(reply.id.removeprefix("chatcmpl-"))
+    assert call["status"] == "succeeded"
+    assert call["timings_ms"]["ttft"] > 0
+    if reply.usage.completion_tokens > 1:
+        assert call["timings_ms"]["tpot"] > 0
+
+
+def test_a_stream_joined_equals_the_same_call_unstreamed(stack: Stack) -> None:
+    client = sdk(stack)
+    args: dict[str, Any] = {
+        "model": FUNCTION,
+        "messages": [{"role": "user", "content": "Every millisecond"}],
+        "max_tokens": 40,
+        "temperature": 0,
+    }
+    whole = client.chat.completions.create(**args)
+    chunks = list(
+        client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True})
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert reasons[-1] == whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens  # type: ignore[union-attr]
+
+
+def test_an_adapter_by_function_colon_adapter(stack: Stack) -> None:
+    client = sdk(stack)
+    args: dict[str, Any] = {"prompt": "Hello, world!", "max_tokens": 24, "temperature": 0}
+    base = client.completions.create(model=FUNCTION, **args).choices[0].text
+    pirate = client.completions.create(model=f"{FUNCTION}:pirate", **args).choices[0].text
+    assert pirate != base  # the adapter's B matrices are far from zero
+    assert client.completions.create(model=FUNCTION, **args).choices[0].text == base
+
+
+def test_stop_and_seed(stack: Stack) -> None:
+    client = sdk(stack)
+    args: dict[str, Any] = {"model": FUNCTION, "prompt": "A cold start", "max_tokens": 30}
+    full = client.completions.create(**args, temperature=0).choices[0].text
+    assert len(full) > 6, full
+    stop = full[4:6]
+    cut = client.completions.create(**args, temperature=0, stop=[stop]).choices[0]
+    assert (cut.text, cut.finish_reason) == (full[: full.index(stop)], "stop")
+    seeded = [
+        client.completions.create(**args, temperature=1.0, seed=7).choices[0].text for _ in range(2)
+    ]
+    assert seeded[0] == seeded[1]
+
+
+def test_bad_input_gets_openai_errors(stack: Stack) -> None:
+    client = sdk(stack)
+    chat: dict[str, Any] = {"model": FUNCTION, "messages": [{"role": "user", "content": "Hi"}]}
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.chat.completions.create(**{**chat, "model": "nope"})
+    assert unknown.value.code == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(**{**chat, "model": f"{FUNCTION}:nope"})
+    for bad, param in [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 65}, "max_tokens"),  # over max_tokens_limit
+        ({"n": 2}, "n"),
+        ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"messages": [{"role": "wizard", "content": "Hi"}]}, "messages.0.role"),
+        ({"messages": []}, "messages"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(**{**chat, **bad})
+        assert refused.value.param == param, (bad, refused.value.body)
+    with pytest.raises(openai.BadRequestError, match="unsupported parameter: tools"):
+        client.chat.completions.create(**chat, extra_body={"tools": []})
+    long = " ".join(["fox"] * 300)  # past the 256-token context
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError, match="context") as too_long:
+            out = client.completions.create(model=FUNCTION, prompt=long, stream=stream)
+            list(out)  # type: ignore[call-overload]
+        assert too_long.value.param == "prompt"
+    wrong_key = openai.OpenAI(
+        base_url=f"{stack.url}/openai/v1", api_key="thaw_nope.nope", max_retries=0
+    )
+    with pytest.raises(openai.AuthenticationError):
+        wrong_key.models.list()
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_sequence(stack: Stack) -> None:
+    """The call ends cancelled at once (the engine's own count is tested where the
+    replica's cancel lands: tests/worker/llm/test_function.py)."""
+    client = sdk(stack)
+    stream = client.completions.create(
+        model=FUNCTION, prompt="Hello", max_tokens=64, temperature=1.0, stream=True
+    )
+    next(iter(stream))
+    call_id = stream.response.headers["x-thaw-call-id"]
+    stream.close()
+    deadline = time.monotonic() + 10
+    while stack.call(call_id)["status"] != "cancelled":
+        assert time.monotonic() < deadline, stack.call(call_id)
+        time.sleep(0.05)
+
+
+def test_eight_concurrent_streams_share_engine_steps(stack: Stack) -> None:
+    """Eight streams at once: their tokens interleave in time (one batch), not one
+    stream after another."""
+
+    async def one(client: openai.AsyncOpenAI, i: int) -> list[float]:
+        stream = await client.completions.create(
+            model=FUNCTION,
+            prompt=f"Hello {i}",
+            max_tokens=32,
+            temperature=1.0,
+            seed=i,
+            stream=True,
+        )
+        return [time.monotonic() async for chunk in stream if chunk.choices]
+
+    async def all_streams() -> list[list[float]]:
+        client = openai.AsyncOpenAI(
+            base_url=f"{stack.url}/openai/v1", api_key=stack.admin_key, max_retries=0
+        )
+        async with client:
+            return await asyncio.gather(*(one(client, i) for i in range(MAX_NUM_SEQS)))
+
+    times = asyncio.run(all_streams())
+    spans = [(t[0], t[-1]) for t in times if t]
+    assert len(spans) == MAX_NUM_SEQS
+    # Streams served one after another would not overlap; in one batch they all do.
+    latest_start = max(start for start, _ in spans)
+    earliest_end = min(end for _, end in spans)
+    assert latest_start < earliest_end, spans
