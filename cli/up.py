@@ -46,6 +46,17 @@ EXAMPLE_ARTIFACTS = {
     "pirate": "textgen-pirate:v1",
     "poet": "textgen-poet:v1",
 }
+# An LLM function on the example's model, beside it: no code, the OpenAI routes.
+LLM_FUNCTION = "chat"
+LLM_DEPLOY = [
+    "--llm",
+    EXAMPLE_ARTIFACTS["model"],
+    LLM_FUNCTION,
+    "--adapter",
+    f"pirate={EXAMPLE_ARTIFACTS['pirate']}",
+    "--kv-cache-mb",
+    "16",
+]
 STOP_GRACE_S = 15.0
 UP_HEARTBEAT_INTERVAL_S = 1.0
 START_TIMEOUT_S = 180.0
@@ -143,7 +154,7 @@ def ensure_key(db_url: str, path: Path, scope: str) -> str:
 def build_example(out_dir: Path) -> dict[str, Path]:
     """The example model and adapters, built once (``examples/build_model.py``)."""
     dirs = {"model": out_dir / "model", **{n: out_dir / "adapters" / n for n in ("pirate", "poet")}}
-    marker = out_dir / ".built"
+    marker = out_dir / ".built-v2"  # v2: the tokenizer has a chat template
     if not marker.is_file():
         out.print("building the example model and adapters (tiny Llama, local tokenizer)…")
         cmd = [sys.executable, str(EXAMPLES / "build_model.py"), str(out_dir)]
@@ -169,13 +180,18 @@ def push_example(settings: Settings, dirs: dict[str, Path]) -> None:
 
 
 def deploy_example(env: dict[str, str], admin_key: str) -> None:
-    cmd = [sys.executable, "-m", "cli.main", "deploy", str(EXAMPLES / EXAMPLE_FUNCTION)]
-    done = subprocess.run(
-        cmd, env={**os.environ, **env, "THAW_API_KEY": admin_key}, capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        raise fail(f"deploying the example failed:\n{(done.stderr or done.stdout)[-3000:]}")
-    out.print(done.stdout.strip())
+    """The example function, and the LLM function on its model."""
+    for args in ([str(EXAMPLES / EXAMPLE_FUNCTION)], LLM_DEPLOY):
+        cmd = [sys.executable, "-m", "cli.main", "deploy", *args]
+        done = subprocess.run(
+            cmd,
+            env={**os.environ, **env, "THAW_API_KEY": admin_key},
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise fail(f"deploying the example failed:\n{(done.stderr or done.stdout)[-3000:]}")
+        out.print(done.stdout.strip(), soft_wrap=True)
 
 
 # --- children ----------------------------------------------------------------
@@ -400,7 +416,34 @@ def banner(url: str, admin_key: str, devices: list[dict[str, Any]], home: Path) 
     )
     out.print("[bold]with a LoRA adapter:[/bold]")
     out.print(f"curl -s {invoke} {auth} {json_h} -d '{adapter_body}'", soft_wrap=True)
+    llm_banner(url, admin_key)
     out.print(f"\nweb console: {url}/   —   Ctrl-C stops everything.", soft_wrap=True)
+
+
+def llm_banner(url: str, admin_key: str) -> None:
+    """How to call the LLM function: curl, and the openai SDK unchanged."""
+    auth = f"-H {shlex.quote('Authorization: Bearer ' + admin_key)}"
+    messages = '[{"role": "user", "content": "Hello"}]'
+    chat = f'{{"model": "{LLM_FUNCTION}", "messages": {messages}, "max_tokens": 24}}'
+    out.print(f"\n[bold]LLM function {LLM_FUNCTION!r} (OpenAI API at {url}/openai/v1):[/bold]")
+    out.print(
+        f"curl -s {url}/openai/v1/chat/completions {auth} "
+        f"-H 'Content-Type: application/json' -d '{chat}'",
+        soft_wrap=True,
+    )
+    out.print("[bold]with the openai SDK (pip install openai):[/bold]")
+    snippet = "\n".join(
+        [
+            "python3 - <<'EOF'",
+            "from openai import OpenAI",
+            f'client = OpenAI(base_url="{url}/openai/v1", api_key="{admin_key}")',
+            f'r = client.chat.completions.create(model="{LLM_FUNCTION}", '
+            f"messages={messages}, max_tokens=24)",
+            "print(r.choices[0].message.content)",
+            "EOF",
+        ]
+    )
+    out.print(snippet, soft_wrap=True, markup=False, highlight=False)
 
 
 def _auth(key: str) -> dict[str, str]:

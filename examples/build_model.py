@@ -29,6 +29,12 @@ SENTENCES = [
 ]
 SPECIAL_TOKENS = ["<s>", "</s>", "<unk>"]
 ADAPTERS = {"pirate": 1, "poet": 2}  # name -> seed
+# A plain chat template (Jinja, as transformers renders it): one line per message,
+# then the assistant's turn. Saved as chat_template.jinja beside the tokenizer.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant:{% endif %}"
+)
 
 
 def build_tokenizer(vocab_size: int = 320) -> object:
@@ -46,9 +52,11 @@ def build_tokenizer(vocab_size: int = 320) -> object:
         show_progress=False,
     )
     tok.train_from_iterator(SENTENCES, trainer)
-    return PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
 
 
 def build_model(

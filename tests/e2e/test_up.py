@@ -73,6 +73,7 @@ def test_up_serves_the_example_and_ctrl_c_stops_everything(tmp_path: Path) -> No
         blocks = [b.split("\n") for b in text.strip().split("\n\n")]
         assert blocks[-1][0] == "event: done" and len(blocks) > 2
         assert json.loads(blocks[-1][1].removeprefix("data: "))["adapter"] == "pirate"
+        check_llm_lines_as_printed(output)
         started = descendants(proc.pid)
         assert len(started) >= 3  # control plane, worker, at least one replica
     finally:
@@ -83,6 +84,27 @@ def test_up_serves_the_example_and_ctrl_c_stops_everything(tmp_path: Path) -> No
     assert code == 0, "".join(lines[-30:])
     assert "thaw stopped." in "".join(lines)
     assert [pid for pid in started if pid_alive(pid)] == []
+
+
+def check_llm_lines_as_printed(output: str) -> None:
+    """The LLM function's curl line and openai SDK snippet, run as printed."""
+    curl = next(line for line in output.splitlines() if "/openai/v1/chat/completions" in line)
+    done = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    reply = json.loads(done.stdout)
+    assert reply["object"] == "chat.completion", reply
+    assert reply["usage"]["completion_tokens"] >= 1
+    snippet = output[output.index("python3 - <<'EOF'") :]
+    snippet = snippet[: snippet.index("\nEOF\n") + len("\nEOF\n")]
+    venv_path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # python3 with openai
+    done = subprocess.run(
+        ["bash", "-c", snippet],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PATH": venv_path},
+    )
+    assert done.returncode == 0 and done.stdout, done.stderr  # random weights: any text
 
 
 # --- faults under `thaw up` (tests/faults/README.md, items 22-24) -------------------
