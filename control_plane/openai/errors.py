@@ -51,7 +51,7 @@ def model_not_found(model: str, known: list[str]) -> OpenAIError:
     return OpenAIError(
         404,
         f"The model {model!r} does not exist: it names no LLM function (or function:adapter) "
-        f"this key may call ({listed}); see GET /v1/models",
+        f"this key may call ({listed}); see GET /openai/v1/models",
         "model",
         "model_not_found",
     )
