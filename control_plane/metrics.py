@@ -10,6 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from control_plane.metrics_llm import LLMMetrics
+
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # Phases are often a few milliseconds (a pool hit, a cached adapter).
 PHASE_BUCKETS_S = (0.001, 0.005, *LATENCY_BUCKETS_S)
@@ -134,6 +136,8 @@ class Metrics:
             ["function", "outcome"],
             registry=self.registry,
         )
+
+        self.llm = LLMMetrics(self.registry)  # token-level figures of LLM calls
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

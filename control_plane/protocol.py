@@ -142,6 +142,10 @@ class LLMOptions(BaseModel):
     max_tokens_limit: int = Field(default=4096, ge=1, le=1 << 24)  # most tokens one call asks
 
 
+#: The most inter-token gaps one call reports (a longer completion reports its first).
+MAX_TOKEN_GAPS = 1 << 16
+
+
 class TokenUsage(BaseModel):
     """An LLM call's tokens, as its replica counted them."""
 
@@ -334,3 +338,8 @@ class CallEvent(Message):
     # v1.9, final events of an LLM call: its prompt and completion tokens. Its time to
     # first token and time per output token are in ``timings_ms``.
     usage: TokenUsage | None = None
+    # v1.10, final events of an LLM call: each gap between its output tokens, ms, as
+    # the replica timed them (the inter-token latency histogram); not stored.
+    token_gaps_ms: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] | None = Field(
+        default=None, max_length=MAX_TOKEN_GAPS
+    )

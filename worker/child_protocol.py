@@ -204,6 +204,7 @@ class CallEnd(BaseModel):
     batch_size: int | None = None  # batched functions: calls in this call's batch
     batch_index: int | None = None  # and this call's place in it
     usage: TokenUsage | None = None  # the tokens the function counted (``CallContext.usage``)
+    token_gaps_ms: list[float] | None = None  # its inter-token gaps (``CallContext.token_gaps_ms``)
 
 
 class Result(CallEnd):

@@ -211,7 +211,7 @@ class ChildServer:
     def _run_call(self, msg: Any) -> None:
         from worker import log_guard
         from worker.child_protocol import CallError, Result, dump
-        from worker.sdk import CallContext, function_usage
+        from worker.sdk import CallContext, function_token_gaps, function_usage
         from worker.specialize import format_error
 
         log_guard.start_call()  # its thread ran other calls before: their output is theirs
@@ -237,6 +237,7 @@ class ChildServer:
                 timings_ms=timings,
                 adapter_hit=hit,
                 usage=function_usage(call.usage),
+                token_gaps_ms=function_token_gaps(call.token_gaps_ms),
             )
             out.loaded_adapters = self._loaded_adapters(msg.adapter)
             self.conn.send(dump(out))
@@ -254,6 +255,7 @@ class ChildServer:
                 adapter_hit=hit,
                 cancelled=cancelled,
                 usage=function_usage(call.usage),  # the tokens it used before it ended
+                token_gaps_ms=function_token_gaps(call.token_gaps_ms),
             )
             err.loaded_adapters = self._loaded_adapters(msg.adapter)
             self.conn.send(dump(err))

@@ -338,6 +338,7 @@ class ReplicaManager:
             batch_size=update.batch_size,
             batch_index=update.batch_index,
             usage=update.usage,
+            token_gaps_ms=update.token_gaps_ms,
             fault=update.fault if update.kind == "failed" else None,
             not_run=update.not_run or None,
         )

@@ -105,7 +105,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from control_plane.protocol import MAX_INT32, TokenUsage
+from control_plane.protocol import MAX_INT32, MAX_TOKEN_GAPS, TokenUsage
 
 __all__ = ["Adapter", "CallContext", "Context", "Function", "accepts_call_context", "is_stream"]
 
@@ -188,6 +188,10 @@ class CallContext:
     (``usage`` in ``GET /v1/calls/{id}``). Both or neither: each a non-negative int
     (``function_usage``), else neither is reported. A call that timed out or was
     cancelled ends before its function stops, so it has none.
+
+    ``token_gaps_ms``: such a function appends the gap before each output token
+    after the first (ms); they feed the inter-token latency histogram
+    (``function_token_gaps``: the first ``MAX_TOKEN_GAPS`` well-formed ones).
     """
 
     call_id: str
@@ -196,6 +200,7 @@ class CallContext:
     stream: bool = False
     timings_ms: dict[str, float] = field(default_factory=dict, compare=False)
     usage: dict[str, int] = field(default_factory=dict, compare=False)
+    token_gaps_ms: list[float] = field(default_factory=list, compare=False)
 
 
 MAX_CALL_TIMINGS = 16
@@ -235,6 +240,19 @@ def function_usage(reported: dict[Any, Any]) -> TokenUsage | None:
             return None
         counts[name] = n
     return TokenUsage.model_validate(counts)
+
+
+def function_token_gaps(reported: Any) -> list[float] | None:
+    """The first ``MAX_TOKEN_GAPS`` of a function's ``CallContext.token_gaps_ms``,
+    rounded to microseconds; None when it reported none or any is not a finite
+    non-negative number (a partial list would skew the histogram)."""
+    if not isinstance(reported, list) or not reported:
+        return None
+    gaps = reported[:MAX_TOKEN_GAPS]
+    for ms in gaps:
+        if isinstance(ms, bool) or not isinstance(ms, int | float) or not 0 <= ms < 1e9:
+            return None
+    return [round(float(ms), 3) for ms in gaps]
 
 
 @runtime_checkable

@@ -36,6 +36,7 @@ from control_plane.protocol import CallEvent, TokenUsage
 from control_plane.services import catalog, coldstart
 from control_plane.services.functions import ActiveVersion
 from control_plane.services.keys import Principal
+from control_plane.services.llm_metrics import observe_llm_call
 from control_plane.services.states import (
     FINAL_CALL_STATES,
     IN_FLIGHT_CALL_STATES,
@@ -291,11 +292,13 @@ def finalize(
     attempt: int | None = None,
     fault: str | None = None,
     usage: TokenUsage | None = None,
+    token_gaps_ms: list[float] | None = None,
 ) -> Ended | None:
     """Move a call to final ``status`` if it is in one of ``from_states`` (by default
     any non-final state) and, given ``attempt``, still on that attempt. What the
     call was when this won; None when it did not. ``usage``: the tokens its worker
-    reported with the end (an LLM call's), whatever the status.
+    reported with the end (an LLM call's), whatever the status; ``token_gaps_ms``
+    its inter-token gaps (observed, not stored).
 
     The winner also completes the call's books: ``total`` (as the control
     plane measured it, unless the worker reported one), a cold call's
@@ -333,6 +336,12 @@ def finalize(
         if stop_worker:
             session.expire(loaded, ["cancel_pending"])  # computed by the database
     _complete_books(session, metrics, now, call_id, status, adapter_hit, ended)
+    if metrics is not None:
+        timings = json.loads(ended.timings_json)  # as written (RETURNING)
+        latency_s = now - ended.accepted_at
+        observe_llm_call(
+            metrics.llm, ended.function, ended.cold, latency_s, timings, usage, token_gaps_ms
+        )
     return ended
 
 
@@ -506,6 +515,7 @@ def record_event(
         attempt=ev.attempt,
         fault=ev.fault or "function",
         usage=ev.usage,
+        token_gaps_ms=ev.token_gaps_ms,
     )
     if ended is None:
         raise ConflictError(

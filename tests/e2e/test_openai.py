@@ -274,3 +274,47 @@ def test_eight_concurrent_streams_share_engine_steps(stack: Stack) -> None:
     latest_start = max(start for start, _ in spans)
     earliest_end = min(end for _, end in spans)
     assert latest_start < earliest_end, spans
+
+
+def _metrics(stack: Stack) -> dict[str, float]:
+    """``/metrics`` as {series: value} for the LLM function's token-level series."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(
+        f"{stack.url}/metrics", headers={"Authorization": f"Bearer {stack.admin_key}"}
+    ).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.startswith("thaw_llm_") and s.labels.get("function") == FUNCTION:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "le")
+                if "le" not in s.labels:
+                    out[f"{s.name}{{{labels}}}"] = s.value
+    return out
+
+
+def test_a_call_lands_in_the_token_level_metrics_and_its_record(stack: Stack) -> None:
+    before = _metrics(stack)
+    reply = sdk(stack).completions.create(
+        model=FUNCTION, prompt="Metrics, please", max_tokens=20, temperature=0
+    )
+    assert reply.usage is not None
+    call = stack.call(reply.id.removeprefix("cmpl-"))
+    timings = call["timings_ms"]
+    assert 0 <= timings["engine_queue"] <= timings["ttft"]
+    after = _metrics(stack)
+
+    def grew(series: str) -> float:
+        return after.get(series, 0.0) - before.get(series, 0.0)
+
+    fn = f"function={FUNCTION}"
+    warm = f"cold=false,{fn}"
+    assert grew(f"thaw_llm_prompt_tokens_total{{{fn}}}") == reply.usage.prompt_tokens
+    assert grew(f"thaw_llm_generation_tokens_total{{{fn}}}") == reply.usage.completion_tokens
+    assert grew(f"thaw_llm_time_to_first_token_seconds_count{{{warm}}}") == 1
+    assert grew(f"thaw_llm_e2e_request_latency_seconds_count{{{warm}}}") == 1
+    gaps = grew(f"thaw_llm_inter_token_latency_seconds_count{{{fn}}}")
+    assert gaps == reply.usage.completion_tokens - 1
+    if gaps:
+        assert grew(f"thaw_llm_inter_token_latency_seconds_sum{{{fn}}}") > 0
+        assert 0 < timings["itl_p50"] <= timings["itl_p99"]

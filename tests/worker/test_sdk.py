@@ -93,6 +93,29 @@ def test_a_functions_usage_is_both_counts_well_formed_or_none(
     assert counts == expected
 
 
+@pytest.mark.parametrize(
+    ("reported", "expected"),
+    [
+        ([1.25, 0, 3], [1.25, 0.0, 3.0]),
+        ([0.1234567], [0.123]),  # microseconds
+        ([], None),
+        ("1.0", None),
+        ([1.0, -2.0], None),  # a partial list would skew the histogram
+        ([1.0, True], None),
+        ([1.0, float("nan")], None),
+    ],
+)
+def test_a_functions_token_gaps_are_all_well_formed_or_none(
+    reported: Any, expected: list[float] | None
+) -> None:
+    assert sdk.function_token_gaps(reported) == expected
+
+
+def test_token_gaps_past_the_cap_keep_the_first() -> None:
+    gaps = sdk.function_token_gaps([1.0] * (sdk.MAX_TOKEN_GAPS + 5))
+    assert gaps is not None and len(gaps) == sdk.MAX_TOKEN_GAPS
+
+
 def test_fill_module_adopts_weights_without_copy() -> None:
     weights = {"weight": torch.randn(3, 2), "bias": torch.randn(3)}
     with torch.device("meta"):

@@ -118,6 +118,9 @@ class TokenStep:
     token_ids: list[int]
     at_s: float  # time.perf_counter() when the engine handed them over
     finish_reason: FinishReason | None = None  # set on the last step
+    # time.perf_counter() when the engine took the request into its batch (None: not
+    # reported); before it, the request waited for a batch slot or KV blocks
+    started_s: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -257,7 +260,9 @@ class Engine:
             hit_stop = bool(tokens) and tokens[-1] in stream.stop_ids
             reason = "stop" if hit_stop else "length"
         if new or reason is not None:
-            stream.queue.put(TokenStep(new, time.perf_counter(), reason))
+            began = float(output.lifespan[0])
+            started = began if began > 0 else None
+            stream.queue.put(TokenStep(new, time.perf_counter(), reason, started))
 
     # --- shutdown ------------------------------------------------------------------
     def close(self, timeout_s: float = 10.0) -> None:

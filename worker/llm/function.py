@@ -11,9 +11,11 @@ A call's input is what the OpenAI routes make of a request
 A streaming call yields ``{"text": delta, "tokens": n}`` as tokens are made, the
 last with ``"finish_reason"`` and ``"usage"``; any other call returns
 ``{"text": all of it, "tokens": n, "finish_reason": ..., "usage": {...}}``. Either way the call's
-``usage`` has its prompt and completion tokens and its ``timings_ms`` its time to
-first token (``ttft``, from the call's start in the replica) and mean time per
-output token after the first (``tpot``).
+``usage`` has its prompt and completion tokens and its ``timings_ms``, all measured
+here where tokens are made, from the call's start in the replica: ``engine_queue``
+(until the engine took the request into its batch), ``ttft`` (the first token),
+``tpot`` (the mean time per output token after it) and ``itl_p50`` / ``itl_p99``
+(the inter-token gaps).
 
 A call naming an adapter runs with that LoRA adapter active. The engine's batch
 runs one adapter at a time (``AdapterGate``): calls for another adapter wait
@@ -22,6 +24,7 @@ until the running ones end, then the adapter is switched for the batch.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -83,16 +86,25 @@ def _chunk(delta: TextDelta, usage: dict[str, int]) -> dict[str, Any]:
 
 
 def _timed(deltas: Iterator[TextDelta], started: float, call: Any) -> Iterator[TextDelta]:
-    """``deltas``, counting the call's completion tokens and timing its first token
-    and the mean gap after it, as they pass (also for a call cut short)."""
+    """``deltas``, counting the call's completion tokens and timing it as they pass
+    (also for a call cut short): ``ttft`` from the call's start, ``engine_queue`` until
+    the engine took the request in, ``tpot`` the mean gap after the first token and
+    ``itl_p50`` / ``itl_p99`` the inter-token gaps (a step of n tokens: n equal gaps)."""
     first = last = None
     tokens = 0
+    gaps_ms: list[float] = call.token_gaps_ms  # reported with the call's end
     try:
         for delta in deltas:
+            if delta.started_s is not None and "engine_queue" not in call.timings_ms:
+                call.timings_ms["engine_queue"] = max(0.0, delta.started_s - started) * 1000
             if delta.tokens:
                 if first is None:
                     first = delta.at_s
                     call.timings_ms["ttft"] = (first - started) * 1000
+                    gaps_ms += [0.0] * (delta.tokens - 1)  # tokens of one step come at once
+                else:
+                    gap_ms = (delta.at_s - last) * 1000 / delta.tokens  # type: ignore[operator]
+                    gaps_ms += [gap_ms] * delta.tokens
                 last = delta.at_s
                 tokens += delta.tokens
                 call.usage["completion_tokens"] = tokens
@@ -101,6 +113,14 @@ def _timed(deltas: Iterator[TextDelta], started: float, call: Any) -> Iterator[T
         deltas.close()  # type: ignore[attr-defined]  # a generator: cancels the request
         if first is not None and last is not None and tokens > 1:
             call.timings_ms["tpot"] = (last - first) * 1000 / (tokens - 1)
+            call.timings_ms["itl_p50"] = _percentile(gaps_ms, 50)
+            call.timings_ms["itl_p99"] = _percentile(gaps_ms, 99)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile of a non-empty list."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
 def _request(input: Any) -> dict[str, Any]:

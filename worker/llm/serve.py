@@ -28,6 +28,7 @@ class TextDelta:
     tokens: int  # completion tokens this delta's step brought
     at_s: float  # time.perf_counter() when the engine handed them over
     finish_reason: FinishReason | None = None
+    started_s: float | None = None  # when the engine took the request in (TokenStep)
 
 
 class LLMRequestError(ValueError):
@@ -144,15 +145,16 @@ class LLMReplica:
         try:
             for step in steps:
                 text = scan.feed(detok.add(step.token_ids))
+                n, at, began = len(step.token_ids), step.at_s, step.started_s
                 if scan.stopped:
-                    yield TextDelta(text, len(step.token_ids), step.at_s, "stop")
+                    yield TextDelta(text, n, at, "stop", began)
                     return
                 if step.finished:
                     text += scan.feed(detok.finish()) + scan.finish()
                     reason = "stop" if scan.stopped else step.finish_reason
-                    yield TextDelta(text, len(step.token_ids), step.at_s, reason)
+                    yield TextDelta(text, n, at, reason, began)
                     return
-                yield TextDelta(text, len(step.token_ids), step.at_s)
+                yield TextDelta(text, n, at, None, began)
             raise EngineError("the engine ended the request without a finish")
         finally:
             steps.close()

@@ -74,6 +74,7 @@ class CallUpdate:
     batch_size: int | None = None  # batched functions: calls in this call's batch
     batch_index: int | None = None  # and its place in the batch
     usage: TokenUsage | None = None  # an LLM call's tokens, as its function counted them
+    token_gaps_ms: list[float] | None = None  # and the gaps between them, ms
     fault: Fault | None = None  # failed: the function's doing, or its replica's
     not_run: bool = False  # failed before the replica started it
 

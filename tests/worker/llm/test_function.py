@@ -20,8 +20,8 @@ from control_plane.protocol import LLMOptions
 from examples.build_model import build_adapter, build_model
 from snapshotter.loader import LoadedTensors
 from worker.call_cancel import CallCancelled, RunningCalls
-from worker.llm.function import LLMFunction
-from worker.llm.serve import AdapterGate, LLMRequestError
+from worker.llm.function import LLMFunction, _timed
+from worker.llm.serve import AdapterGate, LLMRequestError, TextDelta
 from worker.sdk import Adapter, CallContext, Context
 
 
@@ -64,8 +64,29 @@ def test_a_call_reports_usage_and_token_times(function: LLMFunction) -> None:
     assert out["tokens"] == call.usage["completion_tokens"] >= 1
     assert call.usage["prompt_tokens"] == len(function.llm.text_prompt("Hello"))  # type: ignore[union-attr]
     assert out["finish_reason"] in ("stop", "length")
-    assert call.timings_ms["ttft"] > 0
-    assert out["tokens"] == 1 or call.timings_ms["tpot"] > 0
+    timings = call.timings_ms
+    assert 0 <= timings["engine_queue"] <= timings["ttft"]
+    if out["tokens"] > 1:
+        assert 0 < timings["itl_p50"] <= timings["itl_p99"]
+        assert timings["itl_p50"] <= timings["tpot"] * out["tokens"]
+
+
+def test_token_times_from_made_up_steps() -> None:
+    """ttft from the call's start, engine_queue until the engine began, tpot the mean
+    gap after the first token, and a step of 2 tokens as 2 equal gaps."""
+    call = _call()
+    steps = [
+        TextDelta("a", 1, 10.5, None, 10.2),
+        TextDelta("b", 1, 10.6, None, 10.2),
+        TextDelta("cd", 2, 11.0, None, 10.2),
+        TextDelta("e", 1, 11.1, "length", 10.2),
+    ]
+    assert [d.text for d in _timed((d for d in steps), 10.0, call)] == ["a", "b", "cd", "e"]
+    t = call.timings_ms
+    assert t["engine_queue"] == pytest.approx(200) and t["ttft"] == pytest.approx(500)
+    assert t["tpot"] == pytest.approx(600 / 4)  # 5 tokens, 4 gaps: 100, 200, 200, 100
+    assert t["itl_p50"] == pytest.approx(100) and t["itl_p99"] == pytest.approx(200)
+    assert call.usage["completion_tokens"] == 5
 
 
 def test_a_stream_joined_equals_the_whole_text(function: LLMFunction) -> None:
