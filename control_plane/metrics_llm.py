@@ -4,13 +4,14 @@
 Observed once per LLM call as it ends (``services.llm_metrics``), from figures its
 replica measured where tokens are made; the control plane adds only the wait
 before the replica began the call (``queue_wait``, a cold start included), so the
-time to first token is what the caller felt. Part of the app's registry
-(``control_plane.metrics.Metrics.llm``).
+time to first token is what the caller felt. The gauges are each LLM replica's
+engine now, from its worker's heartbeat (``services.llm_metrics.refresh_engine_gauges``).
+Part of the app's registry (``control_plane.metrics.Metrics.llm``).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # vLLM's buckets, with finer ones below where a small model on a fast path lands.
 TTFT_BUCKETS_S = (
@@ -76,5 +77,37 @@ class LLMMetrics:
             "thaw_llm_generation_tokens",
             "LLM calls: output tokens generated (also of calls that failed or were cut short)",
             ["function"],
+            registry=registry,
+        )
+        # The engines' load, per replica, from the workers' heartbeats.
+        self.num_requests_running = Gauge(
+            "thaw_llm_num_requests_running",
+            "Requests in an LLM replica's running batch",
+            ["function", "replica"],
+            registry=registry,
+        )
+        self.num_requests_waiting = Gauge(
+            "thaw_llm_num_requests_waiting",
+            "Requests in an LLM replica waiting to join its batch (slots, KV blocks, adapter)",
+            ["function", "replica"],
+            registry=registry,
+        )
+        self.kv_cache_usage_perc = Gauge(
+            "thaw_llm_kv_cache_usage_perc",
+            "Share of an LLM replica's KV-cache blocks live requests hold (1 = full)",
+            ["function", "replica"],
+            registry=registry,
+        )
+        self.num_requests_aborted = Gauge(
+            "thaw_llm_num_requests_aborted",
+            "Requests an LLM replica's engine cancelled before they finished (their callers "
+            "left, their deadlines passed), freeing their sequences, since it started",
+            ["function", "replica"],
+            registry=registry,
+        )
+        self.num_requests_running_max = Gauge(
+            "thaw_llm_num_requests_running_max",
+            "The most requests an LLM replica's running batch has held since it started",
+            ["function", "replica"],
             registry=registry,
         )

@@ -238,10 +238,22 @@ class WorkerRegistered(Message):
     heartbeat_interval_s: float
 
 
+class EngineStats(BaseModel):
+    """An LLM replica's engine now (``worker.llm``): what vLLM's gauges report."""
+
+    running: Count = 0  # requests in the running batch
+    waiting: Count = 0  # requests in the replica not yet in it (batch slots, KV, adapter)
+    kv_cache_usage: float = Field(default=0.0, ge=0, le=1)  # share of KV blocks live requests hold
+    peak_running: Count = 0  # the most requests one running batch held since the replica started
+    aborted: Count = 0  # requests cancelled before they finished since it started
+
+
 class ReplicaReport(BaseModel):
     replica_id: str
     state: ReplicaState
     outstanding_calls: Count = 0
+    # v1.10, optional: an LLM replica's engine (None: not an LLM replica, or not yet known).
+    llm: EngineStats | None = None
 
 
 Tier = Literal["device", "ram", "disk"]

@@ -17,6 +17,8 @@ the agent creates; every message has a ``type``. One replica's life::
       │◀──────────────── cancel {call_id} ────│   its deadline passed: stop that call
       │◀───────────────────── ping {seq} ─────│   (after a cancel) still answering?
       │── pong {seq} ────────────────────────▶│   from the serving thread, at once
+      │── engine {stats} ────────────────────▶│   an LLM replica: its engine's load, as
+      │                                       │   it changes (worker.engine_report)
       │◀──────────────────────── shutdown ────│   or the agent kills the process
       ▼
 
@@ -31,7 +33,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
-from control_plane.protocol import LLMOptions, TokenUsage
+from control_plane.protocol import EngineStats, LLMOptions, TokenUsage
 
 
 class AdapterRef(BaseModel):
@@ -188,6 +190,13 @@ class Pong(BaseModel):
     seq: int
 
 
+class EngineReport(BaseModel):
+    """An LLM replica's engine load, sent as it changes (``worker.engine_report``)."""
+
+    type: Literal["engine"] = "engine"
+    stats: EngineStats
+
+
 class Output(BaseModel):
     type: Literal["output"] = "output"
     call_id: str
@@ -219,7 +228,9 @@ class CallError(CallEnd):
 
 
 ToChildMessage = Prepare | Specialize | CallMsg | CancelCall | Ping | Shutdown
-FromChildMessage = Hello | Prepared | Ready | SetupFailed | Pong | Output | Result | CallError
+FromChildMessage = (
+    Hello | Prepared | Ready | SetupFailed | Pong | Output | Result | CallError | EngineReport
+)
 ToChild = Annotated[ToChildMessage, Field(discriminator="type")]
 FromChild = Annotated[FromChildMessage, Field(discriminator="type")]
 TO_CHILD: TypeAdapter[ToChildMessage] = TypeAdapter(ToChild)

@@ -176,6 +176,7 @@ class ChildServer:
 
     def _specialize(self, msg: Any) -> None:
         from worker.child_protocol import Ready, SetupFailed, dump
+        from worker.engine_report import reporter_for
         from worker.specialize import SpecializeError, specialize
 
         if self.replica is not None:
@@ -199,6 +200,7 @@ class ChildServer:
             phases_ms=self.replica.phases_ms, loads=self.replica.loads, imports=self.replica.imports
         )
         self.conn.send(dump(ready))
+        reporter_for(self.replica.instance, self.conn.send)  # an LLM replica's engine load
 
     def _batcher(self, max_batch_size: int, max_wait_ms: float) -> Any:
         """Calls of a batched function go through ``batch()``, gathered by a Batcher."""

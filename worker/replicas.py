@@ -230,6 +230,7 @@ class ReplicaManager:
                 replica_id=rid,
                 state="starting" if e.handle is None else "draining" if e.draining else "ready",
                 outstanding_calls=0 if e.handle is None else e.handle.outstanding_calls,
+                llm=None if e.handle is None else e.handle.engine_stats,
             )
             for rid, e in entries
         ]

@@ -6,7 +6,9 @@ Stored shape (every key optional; a missing bandwidth means "use the default")::
 
     {"holdings": [{"tier": "ram", "digest": "blake3:…", "bytes": 123}, …],
      "bandwidths": {"ram_bytes_per_s": 5e9, "disk_bytes_per_s": null, …},
-     "pool_idle": 2, "pool_busy": 1, "gpu_utilization_pct": [37.0, 0.0]}
+     "pool_idle": 2, "pool_busy": 1, "gpu_utilization_pct": [37.0, 0.0],
+     "engines": {"<replica id>": {"running": 3, "waiting": 0, "kv_cache_usage": 0.2,
+                                  "peak_running": 8}, …}}   # LLM replicas' engines
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from control_plane.protocol import WorkerHeartbeat
+from control_plane.protocol import EngineStats, WorkerHeartbeat
 from control_plane.services.scheduler import DEFAULT_BANDWIDTHS, Bandwidths, Holding
 
 
@@ -26,6 +28,7 @@ class WorkerInventory:
     pool_idle: int | None = None
     pool_busy: int | None = None
     gpu_utilization_pct: tuple[float, ...] | None = None
+    engines: tuple[tuple[str, EngineStats], ...] = ()  # (replica id, its engine's load)
 
 
 def encode(msg: WorkerHeartbeat) -> str:
@@ -37,6 +40,7 @@ def encode(msg: WorkerHeartbeat) -> str:
             "pool_idle": msg.pool_idle,
             "pool_busy": msg.pool_busy,
             "gpu_utilization_pct": msg.gpu_utilization_pct,
+            "engines": {r.replica_id: r.llm.model_dump() for r in msg.replicas if r.llm},
         }
     )
 
@@ -62,6 +66,9 @@ def decode(text: str) -> WorkerInventory:
         pool_idle=raw.get("pool_idle"),
         pool_busy=raw.get("pool_busy"),
         gpu_utilization_pct=_utilization(raw.get("gpu_utilization_pct")),
+        engines=tuple(
+            (rid, EngineStats.model_validate(s)) for rid, s in (raw.get("engines") or {}).items()
+        ),
     )
 
 

@@ -1,16 +1,25 @@
-"""Observe an ended LLM call's token-level figures (``control_plane.metrics_llm``).
+"""LLM metrics (``control_plane.metrics_llm``): an ended call's token-level figures,
+and each LLM replica's engine load.
 
 An LLM call is one whose replica counted tokens (``usage``); its ``timings_ms``
 carry what the replica timed (``ttft``, ``tpot``, ``engine_queue``) and the wait
-before it began (``queue_wait``), its final event each inter-token gap.
+before it began (``queue_wait``), its final event each inter-token gap. Engine
+loads come with the workers' heartbeats (``ReplicaReport.llm``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from control_plane.db.models import Replica, Worker
+from control_plane.metrics import set_series
 from control_plane.metrics_llm import LLMMetrics
 from control_plane.protocol import TokenUsage
+from control_plane.services import inventory
+from control_plane.services.states import LIVE_REPLICA_STATES
 
 MS_PER_S = 1000.0
 
@@ -42,3 +51,32 @@ def observe_llm_call(
     gaps = m.inter_token_latency_s.labels(function)
     for gap_ms in token_gaps_ms or ():
         gaps.observe(gap_ms / MS_PER_S)
+
+
+def refresh_engine_gauges(session: Session, m: LLMMetrics) -> None:
+    """Set each live LLM replica's engine gauges from its worker's last heartbeat;
+    then drop the series of replicas that are gone."""
+    live = dict(
+        session.execute(
+            select(Replica.id, Replica.function).where(Replica.state.in_(LIVE_REPLICA_STATES))
+        ).all()
+    )
+    running: dict[tuple[str, ...], float] = {}
+    waiting: dict[tuple[str, ...], float] = {}
+    kv: dict[tuple[str, ...], float] = {}
+    peak: dict[tuple[str, ...], float] = {}
+    aborted: dict[tuple[str, ...], float] = {}
+    for w in session.scalars(select(Worker).where(Worker.lost.is_(False))):
+        for replica_id, stats in inventory.decode(w.inventory_json).engines:
+            function = live.get(replica_id)
+            if function is None:
+                continue
+            labels = (function, replica_id)
+            running[labels], waiting[labels] = stats.running, stats.waiting
+            kv[labels], peak[labels] = stats.kv_cache_usage, stats.peak_running
+            aborted[labels] = stats.aborted
+    set_series(m.num_requests_running, running)
+    set_series(m.num_requests_waiting, waiting)
+    set_series(m.kv_cache_usage_perc, kv)
+    set_series(m.num_requests_running_max, peak)
+    set_series(m.num_requests_aborted, aborted)

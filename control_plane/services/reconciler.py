@@ -49,6 +49,7 @@ from control_plane.services.context import Services
 from control_plane.services.direct_calls import Claim
 from control_plane.services.direct_runner import DirectRunner
 from control_plane.services.functions import ActiveVersion
+from control_plane.services.llm_metrics import refresh_engine_gauges
 from control_plane.services.router import ReplicaView
 from control_plane.services.scheduler import Placement, ReplicaRequest, place
 from control_plane.services.states import IN_FLIGHT_CALL_STATES, NON_FINAL_CALL_STATES
@@ -360,6 +361,7 @@ def _serialize_across_processes(session: Session) -> None:
 def refresh_gauges(session: Session, m: Metrics) -> None:
     """Set the replica, queue-depth and pool gauges from the database (ticks and scrapes)."""
     workers.refresh_pool_gauges(session, m)
+    refresh_engine_gauges(session, m.llm)
     by_state = replicas.counts_by_state(session)
     set_series(m.replicas, {(fn, state): n for (fn, state), n in by_state.items()})
     rows = session.execute(

@@ -230,9 +230,10 @@ def test_bad_input_gets_openai_errors(stack: Stack) -> None:
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_sequence(stack: Stack) -> None:
-    """The call ends cancelled at once (the engine's own count is tested where the
-    replica's cancel lands: tests/worker/llm/test_function.py)."""
+    """The call ends cancelled, and the replica's engine cancels the request (its own
+    count of aborted requests goes up) and holds no running request after it."""
     client = sdk(stack)
+    aborted = _engine_gauge(stack, "thaw_llm_num_requests_aborted")
     stream = client.completions.create(
         model=FUNCTION, prompt="Hello", max_tokens=64, temperature=1.0, stream=True
     )
@@ -243,13 +244,29 @@ def test_a_client_that_leaves_mid_stream_frees_its_sequence(stack: Stack) -> Non
     while stack.call(call_id)["status"] != "cancelled":
         assert time.monotonic() < deadline, stack.call(call_id)
         time.sleep(0.05)
+    until = time.monotonic() + 20
+    while _engine_gauge(stack, "thaw_llm_num_requests_aborted") < aborted + 1:
+        assert time.monotonic() < until, "the replica's engine never cancelled the request"
+        time.sleep(0.1)
+    while _engine_gauge(stack, "thaw_llm_num_requests_running") != 0:
+        assert time.monotonic() < until, "the engine still runs the request"
+        time.sleep(0.1)
+
+
+def _engine_gauge(stack: Stack, name: str) -> float:
+    """An engine gauge of the function's one replica (0 before it reported)."""
+    values = [v for series, v in _metrics(stack).items() if series.startswith(name + "{")]
+    assert len(values) <= 1, values
+    return values[0] if values else 0.0
 
 
 def test_eight_concurrent_streams_share_engine_steps(stack: Stack) -> None:
-    """Eight streams at once: their tokens interleave in time (one batch), not one
-    stream after another."""
+    """Eight streams at once to the one replica: its engine's own count says its running
+    batch held several of them at once (not one stream after another), and all end."""
+    peak = "thaw_llm_num_requests_running_max"
+    assert _engine_gauge(stack, peak) <= 1  # every earlier test called one at a time
 
-    async def one(client: openai.AsyncOpenAI, i: int) -> list[float]:
+    async def one(client: openai.AsyncOpenAI, i: int) -> int:
         stream = await client.completions.create(
             model=FUNCTION,
             prompt=f"Hello {i}",
@@ -257,23 +274,24 @@ def test_eight_concurrent_streams_share_engine_steps(stack: Stack) -> None:
             temperature=1.0,
             seed=i,
             stream=True,
+            stream_options={"include_usage": True},
         )
-        return [time.monotonic() async for chunk in stream if chunk.choices]
+        usage = [chunk.usage async for chunk in stream if chunk.usage is not None]
+        return usage[0].completion_tokens
 
-    async def all_streams() -> list[list[float]]:
+    async def all_streams() -> list[int]:
         client = openai.AsyncOpenAI(
             base_url=f"{stack.url}/openai/v1", api_key=stack.admin_key, max_retries=0
         )
         async with client:
             return await asyncio.gather(*(one(client, i) for i in range(MAX_NUM_SEQS)))
 
-    times = asyncio.run(all_streams())
-    spans = [(t[0], t[-1]) for t in times if t]
-    assert len(spans) == MAX_NUM_SEQS
-    # Streams served one after another would not overlap; in one batch they all do.
-    latest_start = max(start for start, _ in spans)
-    earliest_end = min(end for _, end in spans)
-    assert latest_start < earliest_end, spans
+    tokens = asyncio.run(all_streams())
+    assert len(tokens) == MAX_NUM_SEQS and all(n >= 1 for n in tokens)
+    deadline = time.monotonic() + 20
+    while _engine_gauge(stack, peak) < 2:
+        assert time.monotonic() < deadline, _metrics(stack)
+        time.sleep(0.1)
 
 
 def _metrics(stack: Stack) -> dict[str, float]:

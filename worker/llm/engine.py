@@ -177,6 +177,7 @@ class Engine:
         self._streams: dict[str, _Stream] = {}
         self._closed = threading.Event()
         self.peak_active = 0  # most requests seen in one running batch
+        self.aborted = 0  # requests cancelled before they finished (their callers left)
         self._manager.start()
         self._router = threading.Thread(target=self._route, name="llm-router", daemon=True)
         self._router.start()
@@ -223,14 +224,27 @@ class Engine:
                 self._streams.pop(request_id, None)
             if not finished:
                 self._manager.cancel_request(request_id)
+                self.aborted += 1  # its sequence and KV blocks are freed now
 
     def active_requests(self) -> int:
         """Requests the manager holds now, running or waiting for room."""
+        running, waiting, _ = self.load()
+        return running + waiting
+
+    def load(self) -> tuple[int, int, float]:
+        """Requests in the running batch, requests waiting for room in it, and the
+        share of KV blocks live requests hold (blocks kept only for prefix reuse, which
+        any request may take, count as free, as in vLLM's ``kv_cache_usage_perc``)."""
         processor = self._manager.batch_processor
         if processor is None:
-            return 0
+            return 0, 0, 0.0
         scheduler = processor.scheduler
-        return len(scheduler.active_requests) + len(scheduler.waiting_requests)
+        running, waiting = len(scheduler.active_requests), len(scheduler.waiting_requests)
+        held = total = 0
+        for allocator in processor.cache.cache_allocators.values():
+            held += len({block for table in allocator.block_table.values() for block in table})
+            total += allocator.num_blocks
+        return running, waiting, min(1.0, held / total) if total else 0.0
 
     # --- the router --------------------------------------------------------------
     def _route(self) -> None:

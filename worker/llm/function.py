@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from control_plane.protocol import LLMOptions
+from control_plane.protocol import EngineStats, LLMOptions
 from worker.llm.engine import Sampling
 from worker.llm.serve import LLMReplica, LLMRequestError, TextDelta
 
@@ -70,6 +70,20 @@ class LLMFunction:
             reason = delta.finish_reason
         out = {"text": "".join(text), "tokens": tokens, "finish_reason": reason}
         return {**out, "usage": dict(call.usage)}
+
+    def engine_stats(self) -> EngineStats | None:
+        """The engine's load now (the worker reports it: ``worker.engine_report``)."""
+        llm = self.llm
+        if llm is None:
+            return None
+        running, waiting, kv_usage = llm.engine.load()
+        return EngineStats(
+            running=running,
+            waiting=waiting + llm.gate.waiting(),
+            kv_cache_usage=kv_usage,
+            peak_running=llm.engine.peak_active,
+            aborted=llm.engine.aborted,
+        )
 
     def close(self) -> None:
         if self.llm is not None:

@@ -213,6 +213,11 @@ class AdapterGate:
                 self._running -= 1
                 self._cond.notify_all()
 
+    def waiting(self) -> int:
+        """Calls waiting for their adapter's turn."""
+        with self._cond:
+            return len(self._waiting)
+
     def _may_enter(self, ticket: object, adapter: str | None) -> bool:
         if self._running == 0:
             return self._waiting[0][0] is ticket

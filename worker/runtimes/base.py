@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from control_plane.protocol import TokenUsage
+from control_plane.protocol import EngineStats, TokenUsage
 from worker.child_protocol import LoadStats, ReplicaSpec
 
 # "cancelled" is decided by the agent; a runtime never yields it.
@@ -114,6 +114,11 @@ class ReplicaHandle(abc.ABC):
     @property
     @abc.abstractmethod
     def outstanding_calls(self) -> int: ...
+
+    @property
+    def engine_stats(self) -> EngineStats | None:
+        """An LLM replica's engine load as it last reported it; None: not one."""
+        return None
 
 
 class Runtime(abc.ABC):

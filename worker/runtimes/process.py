@@ -38,12 +38,14 @@ import time
 from collections.abc import Iterator
 from typing import IO, Any, Literal
 
+from control_plane.protocol import EngineStats
 from worker.child_protocol import (
     FROM_CHILD,
     CallEnd,
     CallError,
     CallMsg,
     CancelCall,
+    EngineReport,
     Output,
     Ping,
     Pong,
@@ -140,6 +142,7 @@ class ProcessReplica(ReplicaHandle):
         self._control: queue.Queue[object] = queue.Queue()
         self._state = "running"
         self._death_reason = ""
+        self._engine_stats: EngineStats | None = None  # an LLM replica's, as last reported
         self._reader = threading.Thread(target=self._read_loop, daemon=True)
         self._reader.start()
 
@@ -285,6 +288,10 @@ class ProcessReplica(ReplicaHandle):
         with self._lock:
             return len(self._calls) + len(self._cancelling)
 
+    @property
+    def engine_stats(self) -> EngineStats | None:
+        return self._engine_stats
+
     def stop(self, grace_s: float = 5.0) -> None:
         with self._lock:
             if self._state == "dead":
@@ -320,6 +327,8 @@ class ProcessReplica(ReplicaHandle):
                     timer = self._pings.pop(msg.seq, None)
                 if timer is not None:
                     timer.cancel()
+            elif isinstance(msg, EngineReport):
+                self._engine_stats = msg.stats  # one reference, replaced whole
             else:
                 self._control.put(msg)
         self._on_dead()

@@ -108,11 +108,19 @@ def _wait_idle(function: LLMFunction) -> None:
 
 def test_closing_a_stream_frees_its_sequence(function: LLMFunction) -> None:
     engine = function.llm.engine  # type: ignore[union-attr]
+    aborted = engine.aborted
     stream = function({"prompt": "Hello", "max_tokens": 64, "temperature": 1.0}, _call(True))
     next(stream)
     assert engine.active_requests() == 1
+    stats = function.engine_stats()
+    assert stats is not None and stats.running + stats.waiting == 1
+    assert 0 < stats.kv_cache_usage <= 1 and stats.peak_running >= 1
     stream.close()
     _wait_idle(function)
+    stats = function.engine_stats()
+    assert stats is not None and (stats.running, stats.waiting) == (0, 0)
+    assert stats.kv_cache_usage == 0  # blocks kept only for prefix reuse count as free
+    assert stats.aborted == aborted + 1
 
 
 def test_a_cancel_in_the_call_thread_frees_its_sequence(function: LLMFunction) -> None:
