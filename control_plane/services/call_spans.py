@@ -68,6 +68,7 @@ def call_spans(view: CallView) -> list[SpanRecord]:
             "thaw.cold": view.cold,
             "thaw.replica_id": view.replica_id or "",
             LATENCY_ATTRIBUTE: total_ms,
+            **llm_attributes(view),
         },
         error=(view.error or view.status) if view.status in ERROR_STATES else None,
     )
@@ -87,9 +88,27 @@ def call_spans(view: CallView) -> list[SpanRecord]:
         spans.append(child("thaw.queue_wait", view.accepted_at, view.timings_ms["queue_wait"]))
     if "first_output" in view.timings_ms:
         spans.append(child("thaw.first_output", view.accepted_at, view.timings_ms["first_output"]))
+    if "ttft" in view.timings_ms:  # an LLM call: accepted to its first token
+        to_token_ms = view.timings_ms.get("queue_wait", 0.0) + view.timings_ms["ttft"]
+        spans.append(child("thaw.llm.first_token", view.accepted_at, to_token_ms))
     if view.cold and view.phases_ms:
         spans += cold_start_spans(view, trace_id, call_id)
     return spans
+
+
+LLM_TIMINGS = ("engine_queue", "ttft", "tpot", "itl_p50", "itl_p99")
+
+
+def llm_attributes(view: CallView) -> dict[str, int | float]:
+    """An LLM call's tokens (OpenTelemetry's GenAI names) and token timings."""
+    out: dict[str, int | float] = {}
+    if view.usage is not None:
+        out["gen_ai.usage.input_tokens"] = view.usage.prompt_tokens
+        out["gen_ai.usage.output_tokens"] = view.usage.completion_tokens
+    for name in LLM_TIMINGS:
+        if name in view.timings_ms:
+            out[f"thaw.llm.{name}_ms"] = view.timings_ms[name]
+    return out
 
 
 def cold_start_spans(view: CallView, trace_id: int, parent_id: int) -> list[SpanRecord]:

@@ -133,3 +133,21 @@ def test_worker_start_spans_end_at_ready_under_the_call_they_were_for() -> None:
     assert all(c.parent_span_id == start.span_id for c in children)
     assert abs(children[1].start_s - 1999.1) < 1e-9 and abs(children[-1].end_s - 2000.0) < 1e-9
     assert start_replica_spans(msg.model_copy(update={"traceparent": None}), phases, 1.0) == []
+
+
+def test_an_llm_call_has_its_tokens_token_timings_and_a_first_token_span() -> None:
+    from control_plane.protocol import TokenUsage
+
+    timings = {"queue_wait": 40.0, "ttft": 25.0, "tpot": 3.0, "itl_p99": 9.0, "total": 200.0}
+    view = _view(timings_ms=timings, usage=TokenUsage(prompt_tokens=12, completion_tokens=50))
+    spans = call_spans(view)
+    attrs = spans[0].attributes
+    assert attrs["gen_ai.usage.input_tokens"] == 12
+    assert attrs["gen_ai.usage.output_tokens"] == 50
+    assert (attrs["thaw.llm.ttft_ms"], attrs["thaw.llm.tpot_ms"]) == (25.0, 3.0)
+    assert "thaw.llm.itl_p50_ms" not in attrs
+    first = next(s for s in spans if s.name == "thaw.llm.first_token")
+    assert first.start_s == 1000.0 and round((first.end_s - first.start_s) * 1000, 6) == 65.0
+    plain = call_spans(_view())
+    assert not any(s.name == "thaw.llm.first_token" for s in plain)
+    assert not any(k.startswith(("gen_ai.", "thaw.llm.")) for k in plain[0].attributes)
