@@ -1,10 +1,16 @@
 """LLM streams bench: an LLM function through thaw's OpenAI routes, at 1, 8, ...
 concurrent streams: tokens/s, time to first token (TTFT) and time per output token
-(TPOT), medians over rounds.
+(TPOT), medians over rounds; with ``--model-dir``, side by side with the same engine
+in this process with no thaw around it (the ceiling thaw adds its overhead to).
 
     thaw up                     # or any thaw with an LLM function deployed
     python bench/llm.py [--model chat] [--streams 1,8] [--max-tokens 64] [--rounds 3]
+                        [--model-dir DIR [--max-num-seqs 8 --kv-cache-mb 16]]
                         [--url URL] [--key KEY] [--json -|PATH]
+
+``--model-dir`` is the function's model directory (``thaw up``'s is
+``$THAW_HOME/example/model``); the in-process engine gets the sizes given, which
+should be the function's.
 
 ``--url`` and ``--key`` default to ``THAW_SERVER_URL`` and ``THAW_API_KEY`` (``thaw
 up`` prints both). Each stream is one ``openai`` SDK call with ``stream=True``,
@@ -94,21 +100,27 @@ def table(rows: list[dict[str, Any]], title: str) -> TableSpec:
         return "-" if value is None else format(value, fmt)
 
     columns = [
+        Column("mode", justify="left"),
         Column("streams"),
         Column("tokens/s"),
         Column("TTFT p50 ms"),
         Column("TTFT p99 ms"),
         Column("TPOT p50 ms"),
         Column("tokens a round"),
+        Column("tokens/s vs engine"),
+        Column("TTFT p50 added ms"),
     ]
     body = [
         [
+            str(r.get("mode", "")),
             str(r["streams"]),
             num(r["tokens_per_s"], ".1f"),
             num(r["ttft_p50_ms"], ".1f"),
             num(r["ttft_p99_ms"], ".1f"),
             num(r["tpot_p50_ms"], ".2f"),
             num(r["tokens"], ".0f"),
+            num(r.get("tokens_per_s_vs_engine"), ".2f"),
+            num(r.get("ttft_p50_added_ms"), ".1f"),
         ]
         for r in rows
     ]
@@ -141,6 +153,61 @@ async def _level(client: Any, model: str, streams: int, max_tokens: int) -> list
     return list(await asyncio.gather(*calls))
 
 
+def measure_engine(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The same prompts and sampling through ``worker.llm.engine`` in this process: a
+    thread per stream, timed as the client times thaw's streams."""
+    import threading
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from worker.llm.engine import Engine, EngineSizes, Sampling
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model_dir, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
+    eos = model.config.eos_token_id
+    sizes = EngineSizes(
+        max_num_seqs=args.max_num_seqs,
+        max_batch_tokens=512,
+        kv_cache_bytes=args.kv_cache_mb << 20,
+    )
+    engine = Engine(model, sizes, eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []))
+    prompts = [list(tokenizer(p)["input_ids"]) for p in PROMPTS]
+
+    def one(i: int, t0: float, out: list[StreamTiming | None]) -> None:
+        sent = time.perf_counter() - t0
+        first, tokens = None, 0
+        sampling = Sampling(max_new_tokens=args.max_tokens, temperature=1.0, seed=i)
+        for step in engine.generate(prompts[i % len(prompts)], sampling):
+            if step.token_ids and first is None:
+                first = time.perf_counter() - t0
+            tokens += len(step.token_ids)
+        out[i] = StreamTiming(sent, first, time.perf_counter() - t0, tokens)
+
+    def level(streams: int, max_tokens: int) -> list[StreamTiming]:
+        out: list[StreamTiming | None] = [None] * streams
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=one, args=(i, t0, out)) for i in range(streams)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return [t for t in out if t is not None]
+
+    try:
+        level(1, 4)  # warm-up, as for thaw
+        rows = []
+        for streams in args.streams:
+            rounds = [level(streams, args.max_tokens) for _ in range(args.rounds)]
+            print(f"  engine in-process, {streams} streams: done", file=sys.stderr)
+            rows.append({"mode": "engine in-process", **level_row(streams, rounds)})
+        return rows
+    finally:
+        engine.close()
+
+
 async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     import openai
 
@@ -153,8 +220,23 @@ async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             for n in range(args.rounds):
                 rounds.append(await _level(client, args.model, streams, args.max_tokens))
                 print(f"  {streams} streams: round {n + 1}/{args.rounds}", file=sys.stderr)
-            rows.append(level_row(streams, rounds))
+            rows.append({"mode": "thaw (OpenAI routes)", **level_row(streams, rounds)})
     return rows
+
+
+def _with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each thaw row with its tokens/s over the in-process engine's at that level, and
+    its TTFT p50 over the engine's (what thaw adds); the engine rows as they were."""
+    engine = {r["streams"]: r for r in rows if r["mode"] == "engine in-process"}
+    out = []
+    for r in rows:
+        base = engine.get(r["streams"]) if r["mode"] != "engine in-process" else None
+        if base is not None and base["tokens_per_s"] and r["tokens_per_s"] is not None:
+            r = {**r, "tokens_per_s_vs_engine": r["tokens_per_s"] / base["tokens_per_s"]}
+        if base is not None and base["ttft_p50_ms"] is not None and r["ttft_p50_ms"] is not None:
+            r = {**r, "ttft_p50_added_ms": r["ttft_p50_ms"] - base["ttft_p50_ms"]}
+        out.append(r)
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -165,6 +247,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--url", default=os.environ.get("THAW_SERVER_URL", "http://127.0.0.1:8420"))
     p.add_argument("--key", default=os.environ.get("THAW_API_KEY"))
+    p.add_argument("--model-dir", type=Path, help="also the engine in-process on this model")
+    p.add_argument("--max-num-seqs", type=int, default=8, help="the in-process engine's batch")
+    p.add_argument("--kv-cache-mb", type=int, default=16, help="the in-process engine's KV cache")
     p.add_argument("--json", dest="json_out", help="also write the rows as JSON (- for stdout)")
     args = p.parse_args(argv)
     try:
@@ -181,6 +266,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     rows = asyncio.run(measure(args))
+    if args.model_dir is not None:
+        rows += measure_engine(args)
+        rows = _with_ratios(rows)
     title = (
         f"{args.model} at {args.url}: {args.max_tokens} tokens a stream, medians of {args.rounds}"
     )
