@@ -144,6 +144,8 @@ class LLMOptions(BaseModel):
 
 #: The most inter-token gaps one call reports (a longer completion reports its first).
 MAX_TOKEN_GAPS = 1 << 16
+#: The most streamed chunks one output event carries.
+MAX_OUTPUTS_PER_EVENT = 1024
 
 
 class TokenUsage(BaseModel):
@@ -338,6 +340,9 @@ class CallEvent(Message):
     # v1.4, output events: the chunk's 1-based place in its attempt, so a retried
     # post is stored once; None (an older worker): stored after the last one.
     seq: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = None
+    # v1.10, output events: several chunks in order (those made while the last event
+    # was being reported), the first at ``seq``; ``output`` is then unused.
+    outputs: list[Any] | None = Field(default=None, min_length=1, max_length=MAX_OUTPUTS_PER_EVENT)
     # v1.5, failed events: the call never started (its replica was gone when it
     # arrived); the control plane runs it again while retries remain.
     not_run: bool | None = None
@@ -355,3 +360,7 @@ class CallEvent(Message):
     token_gaps_ms: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] | None = Field(
         default=None, max_length=MAX_TOKEN_GAPS
     )
+
+    def chunks(self) -> list[Any]:
+        """An output event's chunks in order: ``outputs``, else ``output`` alone."""
+        return list(self.outputs) if self.outputs is not None else [self.output]

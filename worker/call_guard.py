@@ -67,16 +67,43 @@ def cap_text(text: str, max_bytes: int) -> str:
 
 
 def guard(event: CallEvent, limits: CallLimits, secrets: Mapping[str, str]) -> CallEvent:
-    """The event to report in place of ``event``: redacted, and failed when too large."""
+    """The event to report in place of ``event``: redacted, and failed when too large
+    (an output event of several chunks: when any one is)."""
     output = redact(event.output, secrets)
+    outputs = None if event.outputs is None else [redact(c, secrets) for c in event.outputs]
     error = cap_text(redact(event.error, secrets), limits.max_error_bytes) if event.error else None
-    update: dict[str, Any] = {"output": output, "error": error}
+    update: dict[str, Any] = {"output": output, "outputs": outputs, "error": error}
     cap = _cap_for(event.kind, limits)
-    if cap is not None and output is not None:
-        size_bytes = len(json.dumps(output, separators=(",", ":")).encode())
+    for chunk in outputs if outputs is not None else [output]:
+        if cap is None or chunk is None:
+            continue
+        size_bytes = json_size(chunk)
         if size_bytes > cap[0]:
-            update = {"kind": "failed", "output": None, "error": _too_large(size_bytes, cap)}
+            error = _too_large(size_bytes, cap)
+            update = {"kind": "failed", "output": None, "outputs": None, "error": error}
+            break
     return event.model_copy(update=update)
+
+
+def json_size(value: Any) -> int:
+    """Bytes of ``value`` as compact JSON."""
+    return len(json.dumps(value, separators=(",", ":")).encode())
+
+
+def output_groups(chunks: list[Any], max_bytes: int) -> list[list[Any]]:
+    """``chunks`` in order, in groups of at most ``max_bytes`` of JSON each (a chunk
+    over it alone in its group, for ``guard`` to refuse): one output event per group
+    keeps every event under the control plane's body cap."""
+    groups: list[list[Any]] = []
+    size = 0
+    for chunk in chunks:
+        n = json_size(chunk)
+        if not groups or size + n > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(chunk)
+        size += n
+    return groups
 
 
 def refused_as_too_large(event: CallEvent) -> CallEvent:
@@ -87,7 +114,9 @@ def refused_as_too_large(event: CallEvent) -> CallEvent:
         "(THAW_MAX_BODY_BYTES); set THAW_MAX_RESULT_BYTES and THAW_MAX_STREAM_CHUNK_BYTES on "
         "the workers below it, and return large outputs by reference"
     )
-    return event.model_copy(update={"kind": "failed", "output": None, "error": error})
+    return event.model_copy(
+        update={"kind": "failed", "output": None, "outputs": None, "error": error}
+    )
 
 
 def _cap_for(kind: str, limits: CallLimits) -> tuple[int, str, str] | None:

@@ -27,7 +27,7 @@ from control_plane.protocol import (
     StopReplica,
 )
 from control_plane.tracing import NO_TRACING, Tracing
-from worker.call_guard import CallLimits, guard, redact, refused_as_too_large
+from worker.call_guard import CallLimits, guard, output_groups, redact, refused_as_too_large
 from worker.child_protocol import AdapterRef, ContainerSpec, ReplicaSpec, StoreSpec
 from worker.control_client import ControlPlaneClient, ControlPlaneError
 from worker.inventory import BandwidthMeter
@@ -305,12 +305,15 @@ class ReplicaManager:
                 self._final(msg, CallUpdate("cancelled"), timings, started_s)
                 return
             if not update.final:
-                outputs += 1
-                output = CallEvent(
-                    attempt=msg.attempt, kind="output", output=update.output, seq=outputs
-                )
-                if not self._event(msg, output):
-                    return
+                limit = self.call_limits.max_stream_chunk_bytes
+                for group in output_groups(update.chunks(), limit):
+                    several = {"outputs": group} if len(group) > 1 else {"output": group[0]}
+                    output = CallEvent(
+                        attempt=msg.attempt, kind="output", seq=outputs + 1, **several
+                    )
+                    outputs += len(group)
+                    if not self._event(msg, output):
+                        return
                 continue
             self._final(msg, update, timings, started_s)
 
@@ -366,7 +369,7 @@ class ReplicaManager:
             return self.client.call_event(msg.call_id, event)
         except ControlPlaneError as exc:
             log.exception("could not report %s of call %s", event.kind, msg.call_id)
-            if exc.status_code == 413 and event.output is not None:
+            if exc.status_code == 413 and event.kind in ("output", "succeeded"):
                 # Over the control plane's body cap: end the call failed, never leave it running.
                 self._send_event(msg, refused_as_too_large(event))
             return False

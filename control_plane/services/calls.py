@@ -474,7 +474,8 @@ def record_event(
         )
         return False
     if ev.kind == "output":
-        _add_output(session, metrics, now, row, ev.output, ev.seq)
+        for n, chunk in enumerate(ev.chunks()):
+            _add_output(session, metrics, now, row, chunk, None if ev.seq is None else ev.seq + n)
         return False
     if ev.kind == "failed" and (ev.not_run or ev.fault == "replica"):
         _stop_routing_to(session, row.replica_id)

@@ -166,13 +166,22 @@ def test_a_retried_output_post_is_stored_once_in_the_workers_order(cp: ControlPl
         call_id = _async(c, "echo", {"sleep_s": 3})
         _wait(lambda: _call(c, call_id)["status"] == "running")
         post = f"/v1/calls/{call_id}/events"
-        # Chunk 2 arrives before chunk 1, and chunk 1 twice (a retried post).
+        # Chunk 2 arrives before chunk 1, and chunk 1 twice (a retried post); then
+        # chunks 3-5 in one event, posted twice, and chunk 4 again alone.
         for seq, out in ((2, "b"), (1, "a"), (1, "a")):
             r = w.post(post, json={"kind": "output", "output": out, "seq": seq})
             assert r.status_code == 200, r.text
+        for event in (
+            {"outputs": ["c", "d", "e"], "seq": 3},
+            {"outputs": ["c", "d", "e"], "seq": 3},
+            {"output": "d", "seq": 4},
+        ):
+            r = w.post(post, json={"kind": "output", **event})
+            assert r.status_code == 200, r.text
         db = Database(cp.settings.database_url_resolved())
         with db.session() as s:
-            assert calls.outputs_after(s, call_id, 1, 0) == [(1, "a"), (2, "b")]
+            stored = calls.outputs_after(s, call_id, 1, 0)
+            assert stored == [(1, "a"), (2, "b"), (3, "c"), (4, "d"), (5, "e")]
         db.dispose()
 
 

@@ -14,6 +14,7 @@ from snapshotter.manifest import ArtifactKind
 from snapshotter.push import push_directory
 from snapshotter.registry import Registry
 from snapshotter.stores import open_store
+from tests.worker.streamed import streamed
 from tests.worker.test_specialize import store_spec
 from worker.child_protocol import AdapterRef, ReplicaSpec
 from worker.runtimes.base import CallRequest, CallUpdate
@@ -79,7 +80,7 @@ def test_generates_text_from_the_prompt(replica: ProcessReplica) -> None:
 def test_streams_the_same_text_piece_by_piece(replica: ProcessReplica) -> None:
     [whole] = call(replica, PROMPT)
     updates = call(replica, PROMPT, stream=True)
-    pieces = [u.output["text"] for u in updates if u.kind == "output"]
+    pieces = [chunk["text"] for chunk in streamed(updates)[1]]
     assert updates[-1].kind == "succeeded"
     assert len(pieces) == whole.output["tokens"] and len(pieces) > 1
     assert "".join(pieces) == whole.output["text"]

@@ -15,6 +15,7 @@ from snapshotter.manifest import ArtifactKind
 from snapshotter.push import push_directory
 from snapshotter.registry import Registry
 from snapshotter.stores import open_store
+from tests.worker.streamed import streamed as stream_chunks
 from tests.worker.test_example import EXAMPLE, PROMPT
 from tests.worker.test_specialize import store_spec
 from worker.child_protocol import ReplicaSpec
@@ -100,7 +101,7 @@ def test_streaming_and_padded_prompts_share_a_batch(pair: Pair) -> None:
         [CallRequest("s", long, stream=True), CallRequest("w", long), CallRequest("x", short)],
     )
     streamed, whole, other = done
-    pieces = [u.output["text"] for u in streamed if u.kind == "output"]
+    pieces = [chunk["text"] for chunk in stream_chunks(streamed)[1]]
     assert streamed[-1].kind == "succeeded" and streamed[-1].output is None
     assert whole[-1].kind == "succeeded" and "".join(pieces) == whole[-1].output["text"]
     assert len(pieces) == whole[-1].output["tokens"] >= 1

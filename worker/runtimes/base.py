@@ -67,6 +67,8 @@ class CallRequest:
 class CallUpdate:
     kind: UpdateKind
     output: Any = None
+    # several streamed chunks at once (made while the last update was being reported)
+    outputs: list[Any] | None = None
     error: str | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
     adapter_hit: bool | None = None  # whether the call's adapter was loaded already
@@ -81,6 +83,10 @@ class CallUpdate:
     @property
     def final(self) -> bool:
         return self.kind != "output"
+
+    def chunks(self) -> list[Any]:
+        """An output update's chunks in order: ``outputs``, else ``output`` alone."""
+        return list(self.outputs) if self.outputs is not None else [self.output]
 
 
 class ReplicaHandle(abc.ABC):

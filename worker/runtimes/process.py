@@ -38,7 +38,7 @@ import time
 from collections.abc import Iterator
 from typing import IO, Any, Literal
 
-from control_plane.protocol import EngineStats
+from control_plane.protocol import MAX_OUTPUTS_PER_EVENT, EngineStats
 from worker.child_protocol import (
     FROM_CHILD,
     CallEnd,
@@ -241,6 +241,13 @@ class ProcessReplica(ReplicaHandle):
                 # answer to the cancel cannot reach the control plane first.
                 yield CallUpdate("timeout", error=error)
                 return
+            if isinstance(item, Output):
+                chunks, after = _waiting_outputs(item, inbox)
+                several = {"outputs": chunks} if len(chunks) > 1 else {"output": chunks[0]}
+                yield CallUpdate("output", **several)
+                if after is None:
+                    continue
+                item = after
             update = _to_update(item, self._death_reason)
             yield update
             if update.final:
@@ -364,6 +371,24 @@ class ProcessReplica(ReplicaHandle):
         self._control.put(_DEAD)
         if unexpected:
             self._on_exit(self.replica_id, self._death_reason)
+
+
+def _waiting_outputs(
+    first: Output, inbox: queue.SimpleQueue[object]
+) -> tuple[list[Any], object | None]:
+    """``first``'s chunk and those of the outputs already waiting behind it (made while
+    the agent reported the last), so a fast stream is reported in fewer events; and
+    the first other item met (the call's end), if any."""
+    chunks = [first.chunk]
+    while len(chunks) < MAX_OUTPUTS_PER_EVENT:
+        try:
+            item = inbox.get_nowait()
+        except queue.Empty:
+            return chunks, None
+        if not isinstance(item, Output):
+            return chunks, item
+        chunks.append(item.chunk)
+    return chunks, None
 
 
 def _to_update(item: object, death_reason: str) -> CallUpdate:
