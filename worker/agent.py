@@ -119,7 +119,12 @@ class Agent:
         self._draining = False
         self.data: DataServer | None = None
         if config.data_host is not None:
-            self.data = DataServer(self.manager.run_direct, config.data_host, config.data_port)
+            self.data = DataServer(
+                self.manager.run_direct,
+                config.data_host,
+                config.data_port,
+                cancel=self.manager.cancel,
+            )
 
     def register(self) -> None:
         cached, cache_bytes = self._cache()

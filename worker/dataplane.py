@@ -13,6 +13,8 @@ conversation, in ``worker.frames`` frames::
                                       ◀──   {"event": CallEvent}  (the final one)
     {"ack": call_id}                  ──▶   (sent once the result is in the database)
     {"run": RunCall}                  ──▶   the next call on the same connection …
+    {"cancel": call_id}               ──▶   stop a call running here (its streaming
+                                             client left), on an idle connection; no answer
 
 One call at a time per connection; the control plane opens more connections
 for concurrent calls. The token is this agent's own random secret, given to
@@ -44,6 +46,7 @@ from worker.frames import FrameError, FrameSocket
 log = logging.getLogger(__name__)
 
 RunDirect = Callable[[RunCall, Callable[[CallEvent], bool]], None]
+CancelCalls = Callable[[list[str]], None]
 HELLO_TIMEOUT_S = 5.0
 ACK_TIMEOUT_S = 10.0
 
@@ -51,8 +54,15 @@ ACK_TIMEOUT_S = 10.0
 class DataServer:
     """Listens on ``host:port`` (0: any free port) and runs calls with ``run``."""
 
-    def __init__(self, run: RunDirect, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        run: RunDirect,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        cancel: CancelCalls | None = None,
+    ) -> None:
         self._run = run
+        self._cancel = cancel
         self.token = secrets.token_urlsafe(32)
         self._listener = socket.create_server((host, port), backlog=128)
         self._stopped = threading.Event()
@@ -88,6 +98,11 @@ class DataServer:
                 return
             while not self._stopped.is_set():
                 frame = conn.recv()
+                cancelled = frame.get("cancel")
+                if isinstance(cancelled, str):
+                    if self._cancel is not None:
+                        self._cancel([cancelled])
+                    continue
                 msg = RunCall.model_validate(frame.get("run"))
                 self._run(msg, _sink(conn, msg.call_id))
         except (FrameError, OSError):

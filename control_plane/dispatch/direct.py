@@ -73,6 +73,26 @@ class DirectChannel:
             else:  # broken, timed out, or abandoned by the caller mid-call
                 conn.close()
 
+    def cancel(self, addr: str, token: str, call_id: str) -> None:
+        """Tell the worker to stop ``call_id`` now (best effort: its heartbeat reply
+        says so too). Raises ``DirectUnavailableError`` or ``DirectLostError``."""
+        frame = {"cancel": call_id}
+        pooled = self._take(addr, token)
+        if pooled is not None:
+            try:
+                pooled.send(frame)
+                self._put(addr, token, pooled)
+                return
+            except OSError:
+                pooled.close()
+        conn = self._dial(addr, token)
+        try:
+            conn.send(frame)
+        except OSError as exc:
+            conn.close()
+            raise DirectLostError(f"cancelling call {call_id} on {addr}: {exc}") from None
+        self._put(addr, token, conn)
+
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, {}

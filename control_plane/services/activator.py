@@ -11,6 +11,7 @@ the result is returned) and ``DeadlineExceededError`` carries the cold-start pha
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
+from control_plane.db.models import Replica, Worker
+from control_plane.dispatch.direct import DirectLostError, DirectUnavailableError
 from control_plane.errors import DeadlineExceededError, NotFoundError
 from control_plane.services import calls, functions, replicas
 from control_plane.services.calls import CallView
@@ -73,10 +76,16 @@ class Activator:
             if view.final or policy != "cancel":
                 return
             error = 'the streaming client disconnected (on_disconnect = "cancel")'
-            calls.finalize(
+            ended = calls.finalize(
                 session, self.s.metrics, self.s.clock(), call_id, "cancelled", error=error
             )
+            port = worker_port(session, view.replica_id) if ended is not None else None
         self.s.notifier.notify(call_id)
+        if port is not None and self.s.direct is not None:
+            # At once over the worker's direct port (an LLM frees the sequence and its
+            # KV blocks now), not at its next heartbeat; the heartbeat says so too.
+            with contextlib.suppress(DirectUnavailableError, DirectLostError):
+                self.s.direct.cancel(*port, call_id)
 
     def stream(self, call_id: str, keepalive_s: float | None = None) -> Iterator[StreamItem]:
         """Each streamed output in order, then ``done`` (the call) or ``error``.
@@ -158,3 +167,15 @@ def wait_dispatched(activator: Activator, call_id: str) -> CallView:
         if activator.s.clock() >= view.deadline_at:
             return activator._expire(view)
         seen = activator._wait(call_id, seen, view.deadline_at)
+
+
+def worker_port(session: Session, replica_id: str | None) -> tuple[str, str] | None:
+    """The direct port (address, token) of the worker running ``replica_id``; None
+    when it has none (or the call never reached a replica)."""
+    if replica_id is None:
+        return None
+    replica = session.get(Replica, replica_id)
+    worker = session.get(Worker, replica.worker_id) if replica and replica.worker_id else None
+    if worker is None or not worker.data_addr or not worker.data_token:
+        return None
+    return worker.data_addr, worker.data_token

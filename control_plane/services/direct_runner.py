@@ -4,6 +4,8 @@ Two kinds of call take this path (``control_plane.dispatch.direct``):
 
 - a warm synchronous call, claimed as it is accepted
   (``services.direct_calls``), run by the request's own thread;
+- a warm streamed call (an LLM's), claimed as it is accepted and run by a thread
+  of its own (``start_or_queue``) while its caller reads the outputs recorded;
 - a call that waited for a replica and was just routed to it by the
   reconciler, run by a thread of its own (``start``), so the first call after
   a cold start does not wait for a broker hop and HTTP event posts.
@@ -72,6 +74,12 @@ class DirectRunner:
 
         threading.Thread(target=run, name=f"thaw-direct-{claim.call_id}", daemon=True).start()
         return True
+
+    def start_or_queue(self, claim: Claim) -> None:
+        """Run ``claim`` on a thread of its own, else send it through the worker's queue
+        (and back to the call queue if that fails too); returns at once."""
+        if not self.start(claim) and not self._send_queued(claim.worker_id, claim.message):
+            self._requeue(claim)
 
     def run(self, claim: Claim, *, record_started: bool = False) -> CallView | None:
         """Send ``claim`` and record its events until the final one (blocking); the

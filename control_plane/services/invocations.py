@@ -57,14 +57,22 @@ class Invocations:
 
     # --- clients --------------------------------------------------------------
     def invoke(
-        self, who: Principal, function: str, req: CallRequest, *, direct: bool = False
+        self,
+        who: Principal,
+        function: str,
+        req: CallRequest,
+        *,
+        direct: bool = False,
+        background: bool = False,
     ) -> tuple[CallView, bool]:
         """Accept a call (or find it by idempotency key) and start routing it.
 
         ``direct``: the caller will wait for the end; a new call that finds a
         ready replica with room is run here, over the worker's direct port,
         and this returns once it ended (the call as it ended) or was handed back
-        to the queue.
+        to the queue. With ``background`` too, such a call runs on a thread of its
+        own and this returns at once (a stream reads its outputs as they are
+        recorded): no broker hop, no HTTP post per output.
         """
         who.require("invoke", function)  # before the lookup: no existence leak
         fast = direct and self.s.direct is not None
@@ -77,7 +85,9 @@ class Invocations:
                     breakers = self._breakers.get(session, now, *self._breaker_settings)
                     claim = direct_calls.claim(session, self.s.metrics, fn, row, now, breakers)
             view = calls.view(row)
-        if claim is not None:
+        if claim is not None and background:
+            self.direct.start_or_queue(claim)
+        elif claim is not None:
             view = self.direct.run(claim) or view  # the call as it ended, when it did
         elif created:
             self.reconciler.kick(function)

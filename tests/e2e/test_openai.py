@@ -58,7 +58,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
                 "device": "cpu",
                 "timeout_s": 120,
                 "adapters": [{"name": "pirate", "ref": "tiny-pirate:v1"}],
-                "llm": {"max_num_seqs": MAX_NUM_SEQS, "kv_cache_mb": 4, "max_tokens_limit": 64},
+                "llm": {"max_num_seqs": MAX_NUM_SEQS, "kv_cache_mb": 4, "max_tokens_limit": 200},
                 "scaling": {"min_replicas": 0, "max_replicas": 1, "idle_timeout_s": 600},
             }
         )
@@ -205,7 +205,7 @@ def test_bad_input_gets_openai_errors(stack: Stack) -> None:
         client.chat.completions.create(**{**chat, "model": f"{FUNCTION}:nope"})
     for bad, param in [
         ({"max_tokens": 0}, "max_tokens"),
-        ({"max_tokens": 65}, "max_tokens"),  # over max_tokens_limit
+        ({"max_tokens": 201}, "max_tokens"),  # over max_tokens_limit
         ({"n": 2}, "n"),
         ({"logit_bias": {"1": 5}}, "logit_bias"),
         ({"messages": [{"role": "wizard", "content": "Hi"}]}, "messages.0.role"),
@@ -235,7 +235,12 @@ def test_a_client_that_leaves_mid_stream_frees_its_sequence(stack: Stack) -> Non
     client = sdk(stack)
     aborted = _engine_gauge(stack, "thaw_llm_num_requests_aborted")
     stream = client.completions.create(
-        model=FUNCTION, prompt="Hello", max_tokens=64, temperature=1.0, stream=True
+        # Greedy, this model's "Hello" runs all 200 tokens: only the cancel ends it early.
+        model=FUNCTION,
+        prompt="Hello",
+        max_tokens=200,
+        temperature=0,
+        stream=True,
     )
     next(iter(stream))
     call_id = stream.response.headers["x-thaw-call-id"]

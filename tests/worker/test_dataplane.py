@@ -173,3 +173,28 @@ def test_run_direct_posts_over_http_only_what_the_sink_could_not_deliver(
     manager.run_call(run_message("c2"))  # a queued call after it: HTTP, not the old sink
     assert [p["kind"] for p in recorder.events("/v1/calls/c2")] == ["failed"]
     assert len(delivered) == 1
+
+
+def test_a_cancel_reaches_the_worker_at_once_and_the_connection_serves_on(echo: Echo) -> None:
+    cancelled: list[list[str]] = []
+    got = threading.Event()
+
+    def cancel(call_ids: list[str]) -> None:
+        cancelled.append(call_ids)
+        got.set()
+
+    srv = DataServer(echo, cancel=cancel)
+    srv.start()
+    channel = DirectChannel()
+    addr = f"127.0.0.1:{srv.port}"
+    try:
+        channel.cancel(addr, srv.token, "c9")
+        assert got.wait(5) and cancelled == [["c9"]]
+        # The same (pooled) connection then runs a call as before.
+        events = list(channel.run(addr, srv.token, run_message("c1", ["a"]), 5))
+        assert [e.kind for e in events] == ["started", "output", "succeeded"]
+    finally:
+        channel.close()
+        srv.stop()
+    with pytest.raises(DirectUnavailableError):
+        channel.cancel(addr, srv.token, "c9")  # the port is closed now

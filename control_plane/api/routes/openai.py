@@ -18,6 +18,7 @@ Thin on purpose: the wire format is ``control_plane.openai``.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Iterator
@@ -92,7 +93,12 @@ async def _generate(
             return await run_in_threadpool(
                 _complete, inv, who, target.function, call, parsed, since
             )
-        view, _ = await run_in_threadpool(inv.invoke, who, target.function, call)
+        view, _ = await run_in_threadpool(
+            functools.partial(inv.invoke, direct=True, background=True),
+            who,
+            target.function,
+            call,
+        )
         items = inv.activator.stream(view.id, keepalive_s=KEEPALIVE_S)
         first = await run_in_threadpool(next, items)
         view = await run_in_threadpool(inv.get, who, view.id)  # cold or warm, if known yet
