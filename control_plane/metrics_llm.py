@@ -79,35 +79,28 @@ class LLMMetrics:
             ["function"],
             registry=registry,
         )
+
         # The engines' load, per replica, from the workers' heartbeats.
-        self.num_requests_running = Gauge(
-            "thaw_llm_num_requests_running",
-            "Requests in an LLM replica's running batch",
-            ["function", "replica"],
-            registry=registry,
+        def replica_gauge(name: str, documentation: str) -> Gauge:
+            return Gauge(name, documentation, ["function", "replica"], registry=registry)
+
+        self.num_requests_running = replica_gauge(
+            "thaw_llm_num_requests_running", "Requests in an LLM replica's running batch"
         )
-        self.num_requests_waiting = Gauge(
+        self.num_requests_waiting = replica_gauge(
             "thaw_llm_num_requests_waiting",
             "Requests in an LLM replica waiting to join its batch (slots, KV blocks, adapter)",
-            ["function", "replica"],
-            registry=registry,
         )
-        self.kv_cache_usage_perc = Gauge(
+        self.kv_cache_usage_perc = replica_gauge(
             "thaw_llm_kv_cache_usage_perc",
             "Share of an LLM replica's KV-cache blocks live requests hold (1 = full)",
-            ["function", "replica"],
-            registry=registry,
         )
-        self.num_requests_aborted = Gauge(
+        self.num_requests_aborted = replica_gauge(
             "thaw_llm_num_requests_aborted",
             "Requests an LLM replica's engine cancelled before they finished (their callers "
             "left, their deadlines passed), freeing their sequences, since it started",
-            ["function", "replica"],
-            registry=registry,
         )
-        self.num_requests_running_max = Gauge(
+        self.num_requests_running_max = replica_gauge(
             "thaw_llm_num_requests_running_max",
             "The most requests an LLM replica's running batch has held since it started",
-            ["function", "replica"],
-            registry=registry,
         )

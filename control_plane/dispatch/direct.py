@@ -23,6 +23,7 @@ import select
 import socket
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 from control_plane.dispatch.base import encode
 from control_plane.protocol import FINAL_CALL_EVENTS, CallEvent, RunCall
@@ -76,21 +77,7 @@ class DirectChannel:
     def cancel(self, addr: str, token: str, call_id: str) -> None:
         """Tell the worker to stop ``call_id`` now (best effort: its heartbeat reply
         says so too). Raises ``DirectUnavailableError`` or ``DirectLostError``."""
-        frame = {"cancel": call_id}
-        pooled = self._take(addr, token)
-        if pooled is not None:
-            try:
-                pooled.send(frame)
-                self._put(addr, token, pooled)
-                return
-            except OSError:
-                pooled.close()
-        conn = self._dial(addr, token)
-        try:
-            conn.send(frame)
-        except OSError as exc:
-            conn.close()
-            raise DirectLostError(f"cancelling call {call_id} on {addr}: {exc}") from None
+        conn = self._send_frame(addr, token, {"cancel": call_id}, f"cancelling call {call_id}")
         self._put(addr, token, conn)
 
     def close(self) -> None:
@@ -101,7 +88,11 @@ class DirectChannel:
                 conn.close()
 
     def _send(self, addr: str, token: str, msg: RunCall) -> FrameSocket:
-        frame = {"run": encode(msg)}
+        return self._send_frame(addr, token, {"run": encode(msg)}, f"sending call {msg.call_id}")
+
+    def _send_frame(self, addr: str, token: str, frame: dict[str, Any], what: str) -> FrameSocket:
+        """``frame`` sent on an idle connection to ``addr``, else a new one; that
+        connection. Raises ``DirectUnavailableError`` or ``DirectLostError``."""
         pooled = self._take(addr, token)
         if pooled is not None:
             try:
@@ -114,7 +105,7 @@ class DirectChannel:
             conn.send(frame)
         except OSError as exc:
             conn.close()
-            raise DirectLostError(f"sending call {msg.call_id} to {addr}: {exc}") from None
+            raise DirectLostError(f"{what} to {addr}: {exc}") from None
         return conn
 
     def _dial(self, addr: str, token: str) -> FrameSocket:
