@@ -39,6 +39,7 @@ HTTP surface (all but ``/healthz`` need ``Authorization: Bearer thaw_…``)::
            headers: X-Thaw-Call-Id, X-Thaw-Cold, Server-Timing (phases, timings)
     POST   /v1/functions/{name}/warm {"replicas": N}? | PATCH …/scaling deploy
     GET    /v1/functions/{name}/stats (p50/90/95/99 cold+warm, phases) deploy
+    GET    /v1/functions/{name}/stats/llm (TTFT, TPOT cold+warm, tokens/s) deploy
     GET    /v1/calls/{id} | DELETE /v1/calls/{id} (cancel)           invoke
     POST   /v1/workers/register | /v1/workers/{id}/heartbeat          worker
     POST   /v1/replicas/{id}/events | /v1/calls/{id}/events           worker

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from control_plane.protocol import MAX_INT32
 from control_plane.services.catalog_usage import ArtifactUsage
 from control_plane.services.fleet import WorkerInfo
+from control_plane.services.llm_stats import LLMStats
 from control_plane.services.stats import FunctionStats, LatencySummary
 from control_plane.services.uploads import UploadResult
 
@@ -52,6 +53,46 @@ class FunctionStatsPublic(BaseModel):
             cold=LatencyPublic.of(s.cold),
             phase_medians_ms=s.phase_medians_ms,
         )
+
+
+class ColdWarmPublic(BaseModel):
+    cold: LatencyPublic
+    warm: LatencyPublic
+
+
+class TokenRatePublic(BaseModel):
+    count: int
+    p50: float | None
+    p99: float | None
+    overall: float | None = Field(description="the window's completion tokens a second")
+
+
+class TokenCallPublic(BaseModel):
+    accepted_at: float
+    cold: bool
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_ms: float | None = Field(description="accepted to the first token")
+    tpot_ms: float | None = Field(description="mean time per output token after the first")
+    generation_ms: float | None
+    tokens_per_s: float | None
+
+
+class LLMStatsPublic(BaseModel):
+    """An LLM function's token figures (``services.llm_stats``)."""
+
+    name: str
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    ttft: ColdWarmPublic
+    tpot: ColdWarmPublic
+    tokens_per_s: TokenRatePublic
+    points: list[TokenCallPublic] = Field(description="each call's figures, newest first")
+
+    @classmethod
+    def of(cls, s: LLMStats) -> LLMStatsPublic:
+        return cls.model_validate(s, from_attributes=True)
 
 
 class ReplicaPublic(BaseModel):

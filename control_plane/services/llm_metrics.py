@@ -24,6 +24,14 @@ from control_plane.services.states import LIVE_REPLICA_STATES
 MS_PER_S = 1000.0
 
 
+def ttft_seen_ms(timings_ms: dict[str, float]) -> float | None:
+    """Accepted to the first token, as the caller felt it: the wait before the
+    replica began the call plus the replica's ``ttft``; None: no token came."""
+    if "ttft" not in timings_ms:
+        return None
+    return timings_ms.get("queue_wait", 0.0) + timings_ms["ttft"]
+
+
 def observe_llm_call(
     m: LLMMetrics,
     function: str,
@@ -40,10 +48,9 @@ def observe_llm_call(
     m.prompt_tokens.labels(function).inc(usage.prompt_tokens)
     m.generation_tokens.labels(function).inc(usage.completion_tokens)
     m.e2e_request_latency_s.labels(function, label).observe(max(0.0, latency_s))
-    ttft_ms = timings_ms.get("ttft")
+    ttft_ms = ttft_seen_ms(timings_ms)
     if ttft_ms is not None:
-        waited_ms = timings_ms.get("queue_wait", 0.0)
-        m.time_to_first_token_s.labels(function, label).observe((waited_ms + ttft_ms) / MS_PER_S)
+        m.time_to_first_token_s.labels(function, label).observe(ttft_ms / MS_PER_S)
     if "tpot" in timings_ms:
         m.request_time_per_output_token_s.labels(function).observe(timings_ms["tpot"] / MS_PER_S)
     if "engine_queue" in timings_ms:

@@ -101,7 +101,8 @@ def status_of(version: int | None, replicas: dict[str, int]) -> str:
     return "scaled-to-zero"
 
 
-def _function(session: Session, name: str) -> Function:
+def function_row(session: Session, name: str) -> Function:
+    """The function ``name``; ``NotFoundError`` when there is none."""
     fn = session.scalars(select(Function).where(Function.name == name)).first()
     if fn is None:
         raise NotFoundError(f"no function {name!r}; deploy it first")
@@ -118,7 +119,7 @@ def _replica_counts(session: Session, name: str) -> dict[str, int]:
 
 def function_stats(session: Session, name: str, window: int = DEFAULT_WINDOW) -> FunctionStats:
     """Stats of one function over its last ``window`` finished calls."""
-    fn = _function(session, name)
+    fn = function_row(session, name)
     rows = session.execute(
         select(
             Call.status,
@@ -162,7 +163,7 @@ def recent_calls(
 ) -> list[CallView]:
     """The function's latest calls, newest first (at most ``MAX_RECENT_CALLS``); only
     those made by ``owner_key_id`` when given (``services.call_access``)."""
-    _function(session, name)
+    function_row(session, name)
     query = select(Call).where(Call.function == name)
     if owner_key_id is not None:
         query = query.where(Call.api_key_id == owner_key_id)

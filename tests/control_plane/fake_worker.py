@@ -9,6 +9,7 @@ does is read from its input (a dict):
     {"fail": "boom"}          end as failed with that error
     {"chunks": 3}             with stream: three outputs, then succeeded
     {"tokens": [12, 30]}      its end reports 12 prompt and 30 completion tokens
+    {"timings_ms": {"ttft": 8}} its end reports these timings too (an LLM replica's)
     anything else             succeeded with {"echo": input, "adapter": adapter}
 
 A call with an adapter reports ``adapter_hit`` (a miss the first time a
@@ -207,7 +208,7 @@ class FakeWorker:
             for i in range(int(data.get("chunks", 1))):
                 self._call_event(msg, kind="output", output={"i": i})
         out = {"echo": msg.input, "adapter": msg.adapter}
-        timings, hit, loaded = {"execution": 1.0}, None, None
+        timings, hit, loaded = {"execution": 1.0, **data.get("timings_ms", {})}, None, None
         if msg.adapter is not None:
             seen = self.adapters_seen.setdefault(msg.replica_id, set())
             hit = msg.adapter in seen

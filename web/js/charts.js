@@ -30,9 +30,18 @@ export function latencyMs(call) {
 
 // Bins [0, max] into `count` equal buckets; cold and warm counted apart.
 export function latencyBins(calls, count = 10) {
-  const points = calls
-    .map((c) => ({ ms: latencyMs(c), cold: c.cold }))
-    .filter((p) => p.ms !== null);
+  return msBins(calls.map((c) => ({ ms: latencyMs(c), cold: c.cold })), count);
+}
+
+// An LLM function's calls (the `points` of /stats/llm) binned by one figure,
+// "ttft_ms" or "tpot_ms"; calls without it (a one-token call has no TPOT) left out.
+export function tokenBins(points, figure, count = 10) {
+  return msBins(points.map((p) => ({ ms: p[figure] ?? null, cold: p.cold })), count);
+}
+
+// Points {ms, cold} (ms null: left out) binned into `count` equal buckets from 0.
+export function msBins(all, count = 10) {
+  const points = all.filter((p) => p.ms !== null);
   const max = Math.max(1, ...points.map((p) => p.ms));
   const width = Math.ceil(max / count) || 1;
   const labels = [];
@@ -68,10 +77,25 @@ function draw(canvas, config) {
 
 export function drawHistogram(canvas, calls) {
   const bins = latencyBins(calls);
-  canvas.setAttribute(
-    "aria-label",
-    `Latency histogram: ${bins.coldCount} cold and ${bins.warmCount} warm successful calls, in ${bins.labels.length} buckets`,
-  );
+  const what = `${bins.coldCount} cold and ${bins.warmCount} warm successful calls, in ${bins.labels.length} buckets`;
+  return drawBins(canvas, bins, `Latency histogram: ${what}`, "latency (accepted → finished)");
+}
+
+const TOKEN_FIGURES = {
+  ttft_ms: ["Time to first token", "time to first token (accepted → first token)"],
+  tpot_ms: ["Time per output token", "time per output token (after the first)"],
+};
+
+// `figure`: "ttft_ms" or "tpot_ms", binned from an LLM function's call points.
+export function drawTokenHistogram(canvas, points, figure) {
+  const bins = tokenBins(points, figure);
+  const [name, axis] = TOKEN_FIGURES[figure];
+  const what = `${bins.coldCount} cold and ${bins.warmCount} warm calls, in ${bins.labels.length} buckets`;
+  return drawBins(canvas, bins, `${name} histogram: ${what}`, axis);
+}
+
+function drawBins(canvas, bins, ariaLabel, xTitle) {
+  canvas.setAttribute("aria-label", ariaLabel);
   return draw(canvas, {
     type: "bar",
     data: {
@@ -85,7 +109,7 @@ export function drawHistogram(canvas, calls) {
       animation: false,
       maintainAspectRatio: false,
       scales: {
-        x: { title: { display: true, text: "latency (accepted → finished)" } },
+        x: { title: { display: true, text: xTitle } },
         y: { beginAtZero: true, ticks: { precision: 0 }, title: { display: true, text: "calls" } },
       },
     },

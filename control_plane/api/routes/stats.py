@@ -2,6 +2,8 @@
 
 GET /v1/stats/functions             every function's FunctionStatsPublic
 GET /v1/functions/{name}/stats      one function's
+GET /v1/functions/{name}/stats/llm  an LLM function's TTFT, TPOT (cold and warm apart)
+                                    and tokens a second over its last calls (?limit=)
 GET /v1/functions/{name}/calls      its latest calls, newest first (?limit=); a key
                                     other than an admin's sees only its own
 GET /v1/workers                     workers: devices, memory, pool, cache, replicas
@@ -19,9 +21,10 @@ from control_plane.api.schemas import CallPublic
 from control_plane.api.schemas_console import (
     ArtifactUsagePublic,
     FunctionStatsPublic,
+    LLMStatsPublic,
     WorkerPublic,
 )
-from control_plane.services import call_access, catalog_usage, fleet, stats
+from control_plane.services import call_access, catalog_usage, fleet, llm_stats, stats
 
 router = APIRouter(tags=["stats"])
 
@@ -39,6 +42,18 @@ def function_stats(name: str, who: PrincipalDep, services: ServicesDep) -> Funct
     who.require("deploy", name)
     with services.db.session() as s:
         return FunctionStatsPublic.of(stats.function_stats(s, name))
+
+
+@router.get("/v1/functions/{name}/stats/llm")
+def function_llm_stats(
+    name: str,
+    who: PrincipalDep,
+    services: ServicesDep,
+    limit: Annotated[int, Query(ge=1, le=stats.DEFAULT_WINDOW)] = stats.DEFAULT_WINDOW,
+) -> LLMStatsPublic:
+    who.require("deploy", name)
+    with services.db.session() as s:
+        return LLMStatsPublic.of(llm_stats.llm_stats(s, name, limit))
 
 
 @router.get("/v1/functions/{name}/calls")

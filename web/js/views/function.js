@@ -1,11 +1,13 @@
 // One function: stats, a canary beside the active version (compare, promote,
 // abort), spec and versions (roll back), scaling (edit, warm up), an invoke
-// playground (streaming, adapters) and charts of its recent calls.
+// playground (streaming, adapters) and charts of its recent calls; for an LLM
+// function, its tokens (tokens.js).
 
 import { api, invokeOnce, invokeStream } from "../api.js";
 import { drawHistogram, drawWaterfall } from "../charts.js";
 import { canaryCard } from "./canary.js";
 import { healthNote } from "./health.js";
+import { tokensCard } from "./tokens.js";
 import { field, formatMs, formatPercent, formatTime, h, replace } from "../dom.js";
 
 const RECENT_CALLS = 200;
@@ -217,6 +219,7 @@ export async function render(root, [name], ctx) {
   const statsBox = h("div", {}, statsList(stats));
   const healthBox = h("div", {}, healthNote(fn.health));
   const canary = canaryCard(fn, ctx);
+  const tokens = tokensCard(fn);
   const refresh = async () => {
     const [s, calls, now] = await Promise.all([
       api.get(`${path}/stats`),
@@ -225,6 +228,7 @@ export async function render(root, [name], ctx) {
     ]);
     if (ctx.stale()) return;
     if (canary) await canary.refresh();
+    if (tokens) await tokens.refresh();
     replace(statsBox, statsList(s));
     replace(healthBox, healthNote(now.health));
     drawHistogram(document.getElementById("latency-chart"), calls);
@@ -247,6 +251,7 @@ export async function render(root, [name], ctx) {
       chartCard("latency-chart", "Latency", "Recent successful calls by latency, cold and warm apart."),
       chartCard("waterfall-chart", "Cold starts", "Where the time of recent cold starts went, phase by phase."),
     ),
+    tokens,
     versionsCard(fn, ctx),
   );
   await refresh();
