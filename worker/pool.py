@@ -282,12 +282,19 @@ class ProcessPool:
     def _spawn(self, device: str) -> GenericProcess:
         # CUDA processes are spawned afresh: a CUDA context does not survive a fork,
         # and forking one safely is not verified on a GPU yet.
+        t0 = time.perf_counter()
         zygote = self._zygote_running() if self.use_zygote and device == "cpu" else None
         if zygote is not None:
+            waited_ms = (time.perf_counter() - t0) * 1000
             try:
-                return fork_generic(zygote, device)
+                proc = fork_generic(zygote, device)
             except ZygoteError as exc:
                 _log.warning("spawning a replica process afresh: %s", exc)
+            else:
+                # A start that came while the zygote was still importing the preload
+                # waited for those imports: they are this start's too.
+                proc.phases_ms["imports"] = proc.phases_ms.get("imports", 0.0) + waited_ms
+                return proc
         return spawn_generic(device, log=self.log, preload=self.preload)
 
     def start_zygote(self) -> None:

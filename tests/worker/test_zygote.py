@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +36,32 @@ def pool() -> Iterator[ProcessPool]:
     pool.start_zygote()
     yield pool
     pool.close()
+
+
+def test_a_start_that_waits_for_the_zygote_counts_the_wait_as_imports() -> None:
+    """The worker's first start can come while its zygote still imports the preload
+    (the pool warms in the background): the start waits, and its phases say so."""
+    pool = ProcessPool(warm_size=0, zygote=True)
+    try:
+        warming = threading.Thread(target=pool.start_zygote)
+        warming.start()
+        while pool._zygote is None and not pool._zygote_lock.locked():
+            time.sleep(0.001)
+        t0 = time.perf_counter()
+        replica = ProcessRuntime(pool).start(spec("basic:Echo", "r0"), lambda *_: None)
+        elapsed_ms = (time.perf_counter() - t0) * 1000
+        warming.join()
+        try:
+            assert isinstance(replica.process.proc, ForkedProcess)
+            generic = sum(replica.phases_ms[p] for p in ("process_start", "imports"))
+            assert pool._zygote is not None and pool._zygote.imports_ms > 0.0
+            # what the start spent before its process ran is in its phases
+            assert replica.phases_ms["imports"] >= pool._zygote.imports_ms / 2
+            assert generic <= elapsed_ms
+        finally:
+            replica.stop()
+    finally:
+        pool.close()
 
 
 def test_a_pool_miss_is_a_fork_of_the_zygote(pool: ProcessPool) -> None:
