@@ -7,6 +7,14 @@ The summary is one JSON object (``--json``)::
     cold / warm                {calls, latency_ms, ttft_ms}, split by X-Thaw-Cold
     queue                      [{t_s, queue_depth, ready_replicas}], max_queue_depth
     per_second                 [{t_s, calls, errors}] by due time
+
+On an LLM function (``llm: true``) also::
+
+    tpot_ms                    {p50, p90, p95, p99, max}, in all, cold and warm
+    prompt_tokens, completion_tokens, output_tokens_per_s (completion tokens/s)
+    goodput                    {slo_ttft_ms, slo_tpot_ms, calls, share, per_s}: the
+                               calls that succeeded within every SLO given (share of
+                               all calls sent); null when no SLO was given
 """
 
 from __future__ import annotations
@@ -30,12 +38,50 @@ def quantiles_ms(values_s: Sequence[float]) -> dict[str, float] | None:
     return out
 
 
-def _group(calls: Sequence[CallSample]) -> dict[str, Any]:
+def _group(calls: Sequence[CallSample], llm: bool) -> dict[str, Any]:
     ok = [c for c in calls if c.ok]
-    return {
+    group = {
         "calls": len(calls),
         "latency_ms": quantiles_ms([c.latency_s for c in ok]),
         "ttft_ms": quantiles_ms([c.ttft_s for c in ok if c.ttft_s is not None]),
+    }
+    if llm:
+        group["tpot_ms"] = quantiles_ms([c.tpot_s for c in ok if c.tpot_s is not None])
+    return group
+
+
+def meets_slo(c: CallSample, slo_ttft_ms: float | None, slo_tpot_ms: float | None) -> bool:
+    """Succeeded, and within each SLO given (a call of one token has no TPOT to miss)."""
+    if not c.ok:
+        return False
+    if slo_ttft_ms is not None and (c.ttft_s is None or c.ttft_s * 1000 > slo_ttft_ms):
+        return False
+    return slo_tpot_ms is None or c.tpot_s is None or c.tpot_s * 1000 <= slo_tpot_ms
+
+
+def _llm_figures(
+    calls: Sequence[CallSample],
+    elapsed_s: float,
+    slo_ttft_ms: float | None,
+    slo_tpot_ms: float | None,
+) -> dict[str, Any]:
+    ok = [c for c in calls if c.ok]
+    completion = sum(c.completion_tokens or 0 for c in ok)
+    goodput = None
+    if slo_ttft_ms is not None or slo_tpot_ms is not None:
+        good = sum(meets_slo(c, slo_ttft_ms, slo_tpot_ms) for c in calls)
+        goodput = {
+            "slo_ttft_ms": slo_ttft_ms,
+            "slo_tpot_ms": slo_tpot_ms,
+            "calls": good,
+            "share": good / len(calls) if calls else None,
+            "per_s": good / elapsed_s if elapsed_s > 0 else 0.0,
+        }
+    return {
+        "prompt_tokens": sum(c.prompt_tokens or 0 for c in ok),
+        "completion_tokens": completion,
+        "output_tokens_per_s": completion / elapsed_s if elapsed_s > 0 else 0.0,
+        "goodput": goodput,
     }
 
 
@@ -53,12 +99,16 @@ def summarize(
     queue: Sequence[QueueSample],
     elapsed_s: float,
     params: dict[str, Any],
+    slo_ttft_ms: float | None = None,
+    slo_tpot_ms: float | None = None,
 ) -> dict[str, Any]:
-    """Everything the run measured, as one JSON-ready object."""
+    """Everything the run measured, as one JSON-ready object; ``params["llm"]`` adds
+    the token figures and goodput."""
+    llm = bool(params.get("llm"))
     ok = [c for c in calls if c.ok]
     errors = [c for c in calls if not c.ok]
     examples = list(dict.fromkeys(c.error or "" for c in errors))[:MAX_ERROR_EXAMPLES]
-    return {
+    doc = {
         **params,
         "calls": len(calls),
         "ok": len(ok),
@@ -66,9 +116,9 @@ def summarize(
         "error_examples": examples,
         "elapsed_s": elapsed_s,
         "throughput_per_s": len(ok) / elapsed_s if elapsed_s > 0 else 0.0,
-        **_group(calls),
-        "cold": _group([c for c in calls if c.cold is True]),
-        "warm": _group([c for c in calls if c.cold is False]),
+        **_group(calls, llm),
+        "cold": _group([c for c in calls if c.cold is True], llm),
+        "warm": _group([c for c in calls if c.cold is False], llm),
         "queue": [
             {"t_s": q.t_s, "queue_depth": q.queue_depth, "ready_replicas": q.ready_replicas}
             for q in queue
@@ -76,6 +126,9 @@ def summarize(
         "max_queue_depth": max((q.queue_depth for q in queue), default=None),
         "per_second": per_second(calls),
     }
+    if llm:
+        doc.update(_llm_figures(calls, elapsed_s, slo_ttft_ms, slo_tpot_ms))
+    return doc
 
 
 def _ms(q: dict[str, float] | None, key: str) -> str:
@@ -102,6 +155,42 @@ def results_table(doc: dict[str, Any]) -> TableSpec:
         row = [label, str(group["calls"])]
         row += [_ms(lat, k) for k in ("p50", "p90", "p95", "p99")]
         row += [_ms(ttft, "p50"), _ms(ttft, "p99")]
+        spec.rows.append(row)
+    return spec
+
+
+def llm_table(doc: dict[str, Any]) -> TableSpec:
+    """TTFT and TPOT percentiles, cold and warm apart; tokens/s and goodput below."""
+    load = (
+        f"{doc['concurrency']} concurrent streams"
+        if doc.get("concurrency")
+        else f"{doc['rate_per_s']:g} streams/s {doc['arrival']}"
+    )
+    cols = [f"{m} {q}" for m in ("TTFT", "TPOT") for q in ("p50", "p90", "p95", "p99")]
+    caption = (
+        f"{doc['ok']} ok, {doc['errors']} errors; {doc['output_tokens_per_s']:.1f} output "
+        f"tokens/s ({doc['completion_tokens']} tokens, {doc['prompt_tokens']} prompt tokens)"
+    )
+    goodput = doc.get("goodput")
+    if goodput is not None:
+        slos = [
+            f"{name} <= {goodput[key]:g} ms"
+            for name, key in (("TTFT", "slo_ttft_ms"), ("TPOT", "slo_tpot_ms"))
+            if goodput[key] is not None
+        ]
+        share = "-" if goodput["share"] is None else f"{goodput['share'] * 100:.1f}%"
+        caption += (
+            f"; goodput {share} of calls ({goodput['per_s']:.2f}/s) within {' and '.join(slos)}"
+        )
+    spec = TableSpec(
+        title=f"thaw loadtest {doc['model']}: {load}, {doc['duration_s']:g} s (ms)",
+        columns=[Column("", "left"), Column("calls"), *(Column(c) for c in cols)],
+        caption=caption,
+    )
+    for label, group in (("all", doc), ("warm", doc["warm"]), ("cold", doc["cold"])):
+        row = [label, str(group["calls"])]
+        for key in ("ttft_ms", "tpot_ms"):
+            row += [_ms(group[key], q) for q in ("p50", "p90", "p95", "p99")]
         spec.rows.append(row)
     return spec
 

@@ -12,7 +12,8 @@ In the open loop a call's latency counts from the time it was due, so time
 spent waiting for a free client thread is not hidden (coordinated omission).
 Every call is a real ``POST /v1/functions/NAME/invoke``: synchronous, or
 server-sent events with ``--stream`` (time to first output is then the first
-``output`` event; for a synchronous call it is the whole call). Each client
+``output`` event; for a synchronous call it is the whole call); on an LLM
+function, a streamed OpenAI request (:mod:`cli.loadtest_llm`). Each client
 thread holds its own keep-alive connection.
 """
 
@@ -30,6 +31,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli.loadtest_llm import CallIndex, LlmLoad, stream_call
+
 
 @dataclass(frozen=True)
 class Target:
@@ -39,6 +42,8 @@ class Target:
     input: Any = None
     stream: bool = False
     timeout_s: float = 330.0
+    llm: LlmLoad | None = None  # an LLM function: OpenAI streams instead of invoke
+    index: CallIndex = field(default_factory=CallIndex, compare=False)
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,11 @@ class CallSample:
     ok: bool
     status: int  # HTTP status; 0 when no response came
     error: str | None = None
+    # LLM calls only:
+    tpot_s: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    call_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,8 @@ def one_call(c: httpx.Client, target: Target, rec: Recorder, due_s: float) -> Ca
     with rec.lock:
         rec.in_flight += 1
     try:
+        if target.llm is not None:
+            return _llm(c, target.llm, target.index.take(), rec, due_s)
         if target.stream:
             return _streamed(c, target, rec, due_s)
         return _sync(c, target, rec, due_s)
@@ -139,6 +151,24 @@ def _streamed(c: httpx.Client, target: Target, rec: Recorder, due_s: float) -> C
     latency_s = rec.now_s() - due_s
     ok = error is None
     return CallSample(due_s, latency_s, ttft_s if ok else None, _cold(r), ok, r.status_code, error)
+
+
+def _llm(c: httpx.Client, load: LlmLoad, i: int, rec: Recorder, due_s: float) -> CallSample:
+    res = stream_call(c, load, i, lambda: rec.now_s() - due_s)
+    ok = res.error is None
+    return CallSample(
+        due_s,
+        rec.now_s() - due_s,
+        res.ttft_s if ok else None,
+        res.cold,
+        ok,
+        res.status,
+        res.error,
+        tpot_s=res.tpot_s if ok else None,
+        prompt_tokens=res.prompt_tokens,
+        completion_tokens=res.completion_tokens,
+        call_id=res.call_id,
+    )
 
 
 def _stream_error(payload: Any) -> str:

@@ -20,16 +20,20 @@ import openai
 import pytest
 import torch
 
-from examples.build_model import build_adapter, build_model
-from snapshotter.manifest import ArtifactKind
-from snapshotter.push import push_directory
-from snapshotter.registry import Registry
+from examples.build_model import build_model
 from snapshotter.stores import LocalStore
 from tests.e2e.conftest import E2EStore, running_stack
+from tests.e2e.llm_stack import (
+    FUNCTION,
+    MAX_NUM_SEQS,
+    check_loadtest,
+    llm_metrics,
+    llm_spec,
+    loadtest_cli,
+    push_llm,
+    run_loadtest,
+)
 from tests.e2e.stack import Stack
-
-FUNCTION = "chat"
-MAX_NUM_SEQS = 8
 
 
 @pytest.fixture(scope="module")
@@ -40,28 +44,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("openai-e2e")
-    registry = Registry(LocalStore(tmp / "store"))
-    push_directory(model_dir, "tiny-chat:v1", registry)
-    adapter = build_adapter(model_dir, tmp / "pirate", seed=1)
-    push_directory(adapter, "tiny-pirate:v1", registry)
-    code = tmp / "code"
-    code.mkdir()
-    (code / "thaw.toml").write_text("")  # an LLM function's bundle holds only its spec
-    bundle = push_directory(code, "bundles/chat:v1", registry, kind=ArtifactKind.BUNDLE)
-    store = E2EStore(root=tmp / "store", bundle=bundle.digest, model="tiny-chat:v1")
+    bundle = push_llm(LocalStore(tmp / "store"), model_dir, tmp)
+    store = E2EStore(root=tmp / "store", bundle=bundle, model="tiny-chat:v1")
     with running_stack("embedded", tmp, store) as s:
-        s.deploy(
-            {
-                "name": FUNCTION,
-                "bundle": bundle.digest,
-                "model": "tiny-chat:v1",
-                "device": "cpu",
-                "timeout_s": 120,
-                "adapters": [{"name": "pirate", "ref": "tiny-pirate:v1"}],
-                "llm": {"max_num_seqs": MAX_NUM_SEQS, "kv_cache_mb": 4, "max_tokens_limit": 200},
-                "scaling": {"min_replicas": 0, "max_replicas": 1, "idle_timeout_s": 600},
-            }
-        )
+        s.deploy(llm_spec(bundle))
         yield s
 
 
@@ -260,7 +246,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_sequence(stack: Stack) -> Non
 
 def _engine_gauge(stack: Stack, name: str) -> float:
     """An engine gauge of the function's one replica (0 before it reported)."""
-    values = [v for series, v in _metrics(stack).items() if series.startswith(name + "{")]
+    values = [v for series, v in llm_metrics(stack).items() if series.startswith(name + "{")]
     assert len(values) <= 1, values
     return values[0] if values else 0.0
 
@@ -295,29 +281,12 @@ def test_eight_concurrent_streams_share_engine_steps(stack: Stack) -> None:
     assert len(tokens) == MAX_NUM_SEQS and all(n >= 1 for n in tokens)
     deadline = time.monotonic() + 20
     while _engine_gauge(stack, peak) < 2:
-        assert time.monotonic() < deadline, _metrics(stack)
+        assert time.monotonic() < deadline, llm_metrics(stack)
         time.sleep(0.1)
 
 
-def _metrics(stack: Stack) -> dict[str, float]:
-    """``/metrics`` as {series: value} for the LLM function's token-level series."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(
-        f"{stack.url}/metrics", headers={"Authorization": f"Bearer {stack.admin_key}"}
-    ).text
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name.startswith("thaw_llm_") and s.labels.get("function") == FUNCTION:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "le")
-                if "le" not in s.labels:
-                    out[f"{s.name}{{{labels}}}"] = s.value
-    return out
-
-
 def test_a_call_lands_in_the_token_level_metrics_and_its_record(stack: Stack) -> None:
-    before = _metrics(stack)
+    before = llm_metrics(stack)
     reply = sdk(stack).completions.create(
         model=FUNCTION, prompt="Metrics, please", max_tokens=20, temperature=0
     )
@@ -325,7 +294,7 @@ def test_a_call_lands_in_the_token_level_metrics_and_its_record(stack: Stack) ->
     call = stack.call(reply.id.removeprefix("cmpl-"))
     timings = call["timings_ms"]
     assert 0 <= timings["engine_queue"] <= timings["ttft"]
-    after = _metrics(stack)
+    after = llm_metrics(stack)
 
     def grew(series: str) -> float:
         return after.get(series, 0.0) - before.get(series, 0.0)
@@ -341,3 +310,28 @@ def test_a_call_lands_in_the_token_level_metrics_and_its_record(stack: Stack) ->
     if gaps:
         assert grew(f"thaw_llm_inter_token_latency_seconds_sum{{{fn}}}") > 0
         assert 0 < timings["itl_p50"] <= timings["itl_p99"]
+
+
+def test_loadtest_drives_the_openai_routes_and_agrees_with_the_server(stack: Stack) -> None:
+    before = llm_metrics(stack)
+    doc = run_loadtest(
+        stack,
+        f"{FUNCTION}:pirate",
+        "--concurrency", "3", "--duration-s", "2", "--max-tokens", "16",
+        "--slo-ttft-ms", "60000", "--slo-tpot-ms", "10000",
+    )  # fmt: skip
+    check_loadtest(doc, before, llm_metrics(stack))
+    assert doc["model"] == f"{FUNCTION}:pirate" and doc["concurrency"] == 3
+    assert doc["goodput"]["share"] == 1.0  # SLOs no call here can miss
+
+
+def test_loadtest_refuses_what_an_llm_function_cannot_take(stack: Stack) -> None:
+    cases = {
+        (f"{FUNCTION}:nope",): "the OpenAI routes do not serve 'chat:nope'",
+        (FUNCTION, "--data", "{}"): "chat is an LLM function: give --prompt or --prompts",
+        (FUNCTION, "--endpoint", "embeddings"): "--endpoint 'embeddings': choose chat",
+        (FUNCTION, "--prompt", "a", "--prompts", "p.txt"): "not both",
+    }
+    for args, message in cases.items():
+        result = loadtest_cli(stack, *args, "--concurrency", "1", "--duration-s", "1")
+        assert result.exit_code != 0 and message in " ".join(result.output.split()), args
