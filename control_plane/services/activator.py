@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,7 +25,12 @@ from control_plane.errors import DeadlineExceededError, NotFoundError
 from control_plane.services import calls, functions, replicas
 from control_plane.services.calls import CallView
 from control_plane.services.context import Services
+from control_plane.services.live_outputs import LiveCall
 from control_plane.services.states import DEADLINE_CALL_STATES
+
+# A stream reading a direct run's hand-off waits this long past the call's deadline
+# for the run's end (the run's own connection times out at the deadline).
+LIVE_DEADLINE_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -90,8 +95,19 @@ class Activator:
     def stream(self, call_id: str, keepalive_s: float | None = None) -> Iterator[StreamItem]:
         """Each streamed output in order, then ``done`` (the call) or ``error``.
         With ``keepalive_s``: a ``waiting`` item (its data the call's status) whenever
-        that long passed with nothing else to give, e.g. through a cold start."""
+        that long passed with nothing else to give, e.g. through a cold start. A call
+        run by this process over a direct port hands its outputs here in memory
+        (``services.live_outputs``); the database is read for its end, or from where
+        the hand-off stopped."""
         seen, last_seq = 0, 0
+        live = self.s.live.attach(call_id)
+        if live is not None:
+            try:
+                last_seq, ended = yield from self._stream_live(call_id, live, keepalive_s)
+            finally:
+                live.reader_gone = True
+            if ended:
+                return
         last_item = self.s.clock()
         while True:
             with self.s.db.session() as session:
@@ -119,6 +135,42 @@ class Activator:
             if keepalive_s is not None:
                 until = min(until, last_item + keepalive_s)
             seen = self._wait(call_id, seen, until)
+
+    def _stream_live(
+        self, call_id: str, live: LiveCall, keepalive_s: float | None
+    ) -> Generator[StreamItem, None, tuple[int, bool]]:
+        """Outputs from the hand-off until the run's end: (the last seq given, whether
+        the call's end was given too). Past the deadline (the run's connection times
+        out then) or at a fallback, the database takes over."""
+        deadline_at = self._read(call_id).deadline_at
+        last_seq = 0
+        last_item = self.s.clock()
+        while self.s.clock() < deadline_at + LIVE_DEADLINE_GRACE_S:
+            wait_s = deadline_at + LIVE_DEADLINE_GRACE_S - self.s.clock()
+            if keepalive_s is not None:
+                wait_s = min(wait_s, last_item + keepalive_s - self.s.clock())
+            item = live.get(wait_s)
+            if item is None:
+                if keepalive_s is not None and self.s.clock() - last_item >= keepalive_s:
+                    last_item = self.s.clock()
+                    yield StreamItem("waiting", "running")
+                continue
+            last_item = self.s.clock()
+            if item.kind == "output":
+                if item.seq > last_seq:
+                    last_seq = item.seq
+                    yield StreamItem("output", item.data)
+                continue
+            if item.kind == "final":
+                view = self._read(call_id)
+                if view.final:
+                    kind: Literal["done", "error"] = (
+                        "done" if view.status == "succeeded" else "error"
+                    )
+                    yield StreamItem(kind, view.output if kind == "done" else view.error, view)
+                    return last_seq, True
+            return last_seq, False
+        return last_seq, False
 
     def _expire(self, view: CallView) -> CallView:
         """End ``view`` as expired (still queued) or timeout and raise; if a result won

@@ -474,8 +474,11 @@ def record_event(
         )
         return False
     if ev.kind == "output":
-        for n, chunk in enumerate(ev.chunks()):
-            _add_output(session, metrics, now, row, chunk, None if ev.seq is None else ev.seq + n)
+        if ev.seq is None:  # an older worker: each chunk after the last one
+            for chunk in ev.chunks():
+                _add_output(session, metrics, now, row, chunk, None)
+        else:
+            _add_outputs(session, metrics, now, row, ev.seq, ev.chunks())
         return False
     if ev.kind == "failed" and (ev.not_run or ev.fault == "replica"):
         _stop_routing_to(session, row.replica_id)
@@ -589,6 +592,49 @@ def _note_adapters(session: Session, replica_id: str, names: list[str]) -> None:
     )
 
 
+def _add_outputs(
+    session: Session,
+    metrics: Metrics | None,
+    now: float,
+    row: Call,
+    first_seq: int,
+    outs: list[Any],
+) -> None:
+    """Store chunks ``first_seq``, ``first_seq + 1``, ... in one insert; those already
+    stored (a retried post) are dropped."""
+    where = (CallOutput.call_id == row.id, CallOutput.attempt == row.attempt)
+    last_seq = first_seq + len(outs) - 1
+    stored = set(
+        session.scalars(
+            select(CallOutput.seq).where(*where, CallOutput.seq.between(first_seq, last_seq))
+        )
+    )
+    rows = [
+        {"call_id": row.id, "attempt": row.attempt, "seq": seq, "output_json": _canonical(out)}
+        for seq, out in enumerate(outs, first_seq)
+        if seq not in stored
+    ]
+    if not rows:
+        return
+    session.execute(insert(CallOutput), rows)
+    _note_output(session, metrics, now, row)
+
+
+def _note_output(session: Session, metrics: Metrics | None, now: float, row: Call) -> None:
+    """The call has an output: its first-output time (once), and it is running."""
+    if row.first_output_at is None:
+        row.first_output_at = now
+        first_ms = (now - row.accepted_at) * 1000
+        row.timings_json = json.dumps({**json.loads(row.timings_json), "first_output": first_ms})
+        if metrics is not None:
+            metrics.first_output_s.labels(row.function, str(row.cold).lower()).observe(
+                max(0.0, now - row.accepted_at)
+            )
+    if row.status in ("queued", "dispatched"):
+        row.status = "running"
+    session.flush()
+
+
 def _add_output(
     session: Session, metrics: Metrics | None, now: float, row: Call, out: Any, seq: int | None
 ) -> None:
@@ -605,17 +651,7 @@ def _add_output(
     session.add(
         CallOutput(call_id=row.id, attempt=row.attempt, seq=seq, output_json=_canonical(out))
     )
-    if row.first_output_at is None:
-        row.first_output_at = now
-        first_ms = (now - row.accepted_at) * 1000
-        row.timings_json = json.dumps({**json.loads(row.timings_json), "first_output": first_ms})
-        if metrics is not None:
-            metrics.first_output_s.labels(row.function, str(row.cold).lower()).observe(
-                max(0.0, now - row.accepted_at)
-            )
-    if row.status in ("queued", "dispatched"):
-        row.status = "running"
-    session.flush()
+    _note_output(session, metrics, now, row)
 
 
 def cancel(session: Session, metrics: Metrics | None, now: float, call_id: str) -> CallView:

@@ -15,6 +15,7 @@ from control_plane.notifier import Notifier
 from control_plane.peers import Datagrams, Peers
 from control_plane.services.bundles import BundleValidator
 from control_plane.services.keys import PrincipalCache
+from control_plane.services.live_outputs import LiveOutputs
 from control_plane.settings import Settings
 from control_plane.tracing import NO_TRACING, Tracing
 from snapshotter.registry import Registry
@@ -40,6 +41,8 @@ class Services:
     tracing: Tracing = NO_TRACING
     # Warm synchronous calls straight to the worker (None: every call is queued).
     direct: DirectChannel | None = None
+    # Outputs of direct-run streams, handed to their readers in memory.
+    live: LiveOutputs = field(default_factory=LiveOutputs)
     # Keys verified in the last moment (THAW_AUTH_CACHE_TTL_S); None: read every time.
     principals: PrincipalCache | None = None
     # The other processes of this server (``thaw server --processes N``); None: alone.

@@ -5,7 +5,8 @@ Two kinds of call take this path (``control_plane.dispatch.direct``):
 - a warm synchronous call, claimed as it is accepted
   (``services.direct_calls``), run by the request's own thread;
 - a warm streamed call (an LLM's), claimed as it is accepted and run by a thread
-  of its own (``start_or_queue``) while its caller reads the outputs recorded;
+  of its own (``start_or_queue``) while its caller reads the outputs, handed to
+  it in memory (``services.live_outputs``) and recorded with the call's end;
 - a call that waited for a replica and was just routed to it by the
   reconciler, run by a thread of its own (``start``), so the first call after
   a cold start does not wait for a broker hop and HTTP event posts.
@@ -34,6 +35,7 @@ from control_plane.services.call_spans import call_spans
 from control_plane.services.calls import CallView
 from control_plane.services.context import Services
 from control_plane.services.direct_calls import Claim
+from control_plane.services.live_outputs import LiveCall, LiveItem
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +80,10 @@ class DirectRunner:
     def start_or_queue(self, claim: Claim) -> None:
         """Run ``claim`` on a thread of its own, else send it through the worker's queue
         (and back to the call queue if that fails too); returns at once."""
-        if not self.start(claim) and not self._send_queued(claim.worker_id, claim.message):
+        if self.start(claim):
+            return
+        self.s.live.end(claim.call_id)  # its reader reads the database
+        if not self._send_queued(claim.worker_id, claim.message):
             self._requeue(claim)
 
     def run(self, claim: Claim, *, record_started: bool = False) -> CallView | None:
@@ -87,6 +92,7 @@ class DirectRunner:
         ``record_started``: mark the call running when it starts (whoever polls it
         sees ``running``); a caller that waits for the end anyway need not."""
         if not self._has_port(claim):
+            self.s.live.end(claim.call_id)
             if not self._send_queued(claim.worker_id, claim.message):
                 self._requeue(claim)
             return None
@@ -99,14 +105,27 @@ class DirectRunner:
         message = claim.message
         if not record_started:
             message = message.model_copy(update={"report_started": False})
+        live = self.s.live.get(claim.call_id)
+        kept: list[CallEvent] = []  # outputs handed to the reader, to record with the end
+        first_recorded = False
         try:
             events = self.s.direct.run(claim.data_addr, claim.data_token, message, timeout_s)
             for ev in events:
                 if ev.kind in FINAL_CALL_EVENTS:  # counted before its caller is woken
                     ended = True
                     counter.labels(claim.function, "ran").inc()
-                if ev.kind != "started" or record_started:
-                    final = self._record(claim, ev) or final
+                if live is not None and _handed(live, ev):
+                    if first_recorded:
+                        kept.append(ev)
+                    else:  # the first output is recorded at once: its time is the call's
+                        self._record(claim, [ev])
+                        first_recorded = True
+                    _put_outputs(live, ev)
+                elif ev.kind != "started" or record_started:
+                    final = self._record(claim, [*joined(kept), ev]) or final
+                    kept.clear()
+                    if live is not None and ev.kind in FINAL_CALL_EVENTS:
+                        live.put(LiveItem("final"))
         except UnsendableError as exc:
             return self.end_unsendable(claim.function, claim.message, exc, claim.row)
         except DirectUnavailableError as exc:
@@ -120,6 +139,11 @@ class DirectRunner:
             log.info("%s; waiting for the worker's report", exc)
             if not ended:
                 counter.labels(claim.function, "lost").inc()
+        finally:
+            if kept:  # the run stopped without its end: what the reader had is kept
+                self._record(claim, joined(kept))
+            if live is not None:
+                self.s.live.end(claim.call_id)
         return final
 
     def end_unsendable(
@@ -131,7 +155,7 @@ class DirectRunner:
         log.warning("call %s cannot be sent: %s", msg.call_id, exc)
         error = f"the call's message could not be encoded, so it never ran: {exc}"
         ev = CallEvent(attempt=msg.attempt, kind="failed", error=error)
-        return self._record_event(function, msg.call_id, ev, row)
+        return self._record_events(function, msg.call_id, [ev], row)
 
     def trace_final(self, call_id: str, view: CallView | None = None) -> None:
         """Emit the spans of a call that ended, when tracing is on (``view``: the call
@@ -146,22 +170,26 @@ class DirectRunner:
     def _has_port(self, claim: Claim) -> bool:
         return self.s.direct is not None and bool(claim.data_addr and claim.data_token)
 
-    def _record(self, claim: Claim, ev: CallEvent) -> CallView | None:
-        return self._record_event(claim.function, claim.call_id, ev, claim.row)
+    def _record(self, claim: Claim, events: list[CallEvent]) -> CallView | None:
+        return self._record_events(claim.function, claim.call_id, events, claim.row)
 
-    def _record_event(
-        self, function: str, call_id: str, ev: CallEvent, row: Call | None
+    def _record_events(
+        self, function: str, call_id: str, events: list[CallEvent], row: Call | None
     ) -> CallView | None:
-        """Record one event; the call as it ended when the event ended it."""
-        final = ev.kind in FINAL_CALL_EVENTS
+        """Record events in order, in one transaction; the call as it ended when one
+        ended it."""
+        final = any(ev.kind in FINAL_CALL_EVENTS for ev in events)
+        kick = False
         with self.lock, self.s.db.session() as session:
             if row is not None:
                 session.add(row)  # as dispatched, detached since: no read, no copy
             try:
-                kick = calls.record_event(session, self.s.metrics, self.s.clock(), call_id, ev)
+                for ev in events:
+                    now = self.s.clock()
+                    kick = calls.record_event(session, self.s.metrics, now, call_id, ev) or kick
+                    batching.observe(self.s.metrics, function, ev)
             except ConflictError:
                 return None  # ended meanwhile (cancelled, deadline): the first end stands
-            batching.observe(self.s.metrics, function, ev)
             view = calls.get(session, call_id) if final else None
         self.s.notifier.notify(call_id)
         if kick:
@@ -174,3 +202,32 @@ class DirectRunner:
         with self.s.db.session() as session:
             dispatching.requeue(session, claim.call_id)
         self._kick(claim.function)
+
+
+def _handed(live: LiveCall, ev: CallEvent) -> bool:
+    """Whether ``ev``'s outputs go to the reader in memory (recorded later)."""
+    return ev.kind == "output" and ev.seq is not None and live.wanted
+
+
+def _put_outputs(live: LiveCall, ev: CallEvent) -> None:
+    assert ev.seq is not None
+    for n, chunk in enumerate(ev.chunks()):
+        live.put(LiveItem("output", ev.seq + n, chunk))
+
+
+def joined(outputs: list[CallEvent]) -> list[CallEvent]:
+    """Output events with consecutive places as one event each (one insert)."""
+    out: list[CallEvent] = []
+    for ev in outputs:
+        last = out[-1] if out else None
+        if (
+            last is not None
+            and last.seq is not None
+            and ev.seq is not None
+            and ev.attempt == last.attempt
+            and last.seq + len(last.chunks()) == ev.seq
+        ):
+            out[-1] = last.model_copy(update={"outputs": [*last.chunks(), *ev.chunks()]})
+        else:
+            out.append(ev)
+    return out

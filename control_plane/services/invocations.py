@@ -71,8 +71,9 @@ class Invocations:
         ready replica with room is run here, over the worker's direct port,
         and this returns once it ended (the call as it ended) or was handed back
         to the queue. With ``background`` too, such a call runs on a thread of its
-        own and this returns at once (a stream reads its outputs as they are
-        recorded): no broker hop, no HTTP post per output.
+        own and this returns at once (a stream reads its outputs as they come, in
+        memory: ``services.live_outputs``): no broker hop, no HTTP post or database
+        write per output.
         """
         who.require("invoke", function)  # before the lookup: no existence leak
         fast = direct and self.s.direct is not None
@@ -86,6 +87,7 @@ class Invocations:
                     claim = direct_calls.claim(session, self.s.metrics, fn, row, now, breakers)
             view = calls.view(row)
         if claim is not None and background:
+            self.s.live.open(claim.call_id)  # its outputs go to the caller's stream in memory
             self.direct.start_or_queue(claim)
         elif claim is not None:
             view = self.direct.run(claim) or view  # the call as it ended, when it did

@@ -20,6 +20,8 @@ import openai
 import pytest
 import torch
 
+from control_plane.db.session import Database
+from control_plane.services import calls
 from examples.build_model import build_model
 from snapshotter.stores import LocalStore
 from tests.e2e.conftest import E2EStore, running_stack
@@ -152,10 +154,24 @@ def test_a_stream_joined_equals_the_same_call_unstreamed(stack: Stack) -> None:
     )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
+    # A warm stream's outputs reach it in memory; every one is also in the call's record.
+    stored = stored_outputs(stack, chunks[0].id.removeprefix("chatcmpl-"))
+    assert [seq for seq, _ in stored] == list(range(1, len(stored) + 1))
+    assert "".join(out["text"] for _, out in stored) == text
     reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
     assert reasons[-1] == whole.choices[0].finish_reason
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens  # type: ignore[union-attr]
+
+
+def stored_outputs(stack: Stack, call_id: str) -> list[tuple[int, Any]]:
+    """The call's outputs as its record holds them (the stack's database)."""
+    db = Database(stack.backend.database_url)
+    try:
+        with db.session() as session:
+            return calls.outputs_after(session, call_id, 1, 0)
+    finally:
+        db.dispose()
 
 
 def test_an_adapter_by_function_colon_adapter(stack: Stack) -> None:

@@ -1,0 +1,104 @@
+"""Streamed outputs handed from a direct run to its reader in this process, in memory.
+
+A warm stream (an LLM's, ``Invocations.invoke(background=True)``) is run by a
+thread of this process (``services.direct_runner``) while the request that made
+it reads its outputs (``Activator.stream``). Through the database each output is
+a write under the recording lock, a commit, a wake-up and a read: at a few
+hundred tokens a second across streams that is the control plane's CPU. So the
+run hands each chunk to the reader here instead::
+
+    runner                                    reader
+      open(id)  before the run starts           attach(id) → LiveCall, or None: read
+      first output: recorded, then put            the database as before
+      later outputs: put, kept to record        get() → output (seq, chunk)
+      final: the kept outputs and the end         final: read the call's end
+        recorded in one transaction, then put     fallback: read the database from
+      end(id): fallback, unless final was put       the last seq it gave
+
+Nothing is only in memory once the run is over: the first output is recorded at
+once (the call's first-output time stays exact), the rest with the final event
+or, if the run stops without one (connection lost, port gone), when it stops.
+Until then another reader of the same call (``GET /v1/calls/{id}``) sees the
+first output only.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any, Literal
+
+LiveKind = Literal["output", "final", "fallback"]
+
+
+@dataclass(frozen=True)
+class LiveItem:
+    kind: LiveKind
+    seq: int = 0  # an output's place among the call's outputs
+    data: Any = None
+
+
+class LiveCall:
+    """One call's hand-off: the runner puts, one reader gets."""
+
+    def __init__(self) -> None:
+        self._items: queue.SimpleQueue[LiveItem] = queue.SimpleQueue()
+        self._ended = False
+        self.attached = False
+        self.reader_gone = False  # the reader left: put nothing more
+
+    @property
+    def wanted(self) -> bool:
+        """Whether outputs should come this way (a reader may still read them)."""
+        return not self.reader_gone
+
+    def put(self, item: LiveItem) -> None:
+        if item.kind != "output":
+            self._ended = True
+        self._items.put(item)
+
+    def get(self, timeout_s: float) -> LiveItem | None:
+        """The next item, or None when ``timeout_s`` passed with none."""
+        try:
+            return self._items.get(timeout=max(0.0, timeout_s))
+        except queue.Empty:
+            return None
+
+
+class LiveOutputs:
+    def __init__(self) -> None:
+        self._calls: dict[str, LiveCall] = {}
+        self._lock = threading.Lock()
+
+    def open(self, call_id: str) -> LiveCall:
+        """The runner's side, before its run starts."""
+        live = LiveCall()
+        with self._lock:
+            self._calls[call_id] = live
+        return live
+
+    def get(self, call_id: str) -> LiveCall | None:
+        with self._lock:
+            return self._calls.get(call_id)
+
+    def attach(self, call_id: str) -> LiveCall | None:
+        """The reader's side: the call's hand-off while its run goes on, else None."""
+        with self._lock:
+            live = self._calls.get(call_id)
+            if live is None or live.attached:
+                return None  # one reader takes the hand-off; others read the database
+            live.attached = True
+            return live
+
+    def end(self, call_id: str) -> None:
+        """The run is over (every output recorded): a reader still waiting for a final
+        item reads the database from where it is."""
+        with self._lock:
+            live = self._calls.pop(call_id, None)
+        if live is not None and not live._ended:
+            live.put(LiveItem("fallback"))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._calls)
