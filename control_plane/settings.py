@@ -64,6 +64,7 @@
 | worker_pool_host_bytes_max | THAW_WORKER_POOL_HOST_BYTES_MAX | 8 GiB (host memory a pooled CPU process populates for its weights; 0: off) |
 | worker_pool_refill_delay_s | THAW_WORKER_POOL_REFILL_DELAY_S | 1.0 (after a pool hit, before the pool refills) |
 | adapter_cache_size         | THAW_ADAPTER_CACHE_SIZE      | 8 (adapters a replica loads on first use and keeps, LRU) |
+| worker_cpu_threads         | THAW_WORKER_CPU_THREADS      | 0 (torch threads of a CPU replica, at most a container's `cpus`; 0: the worker's cores less one, left to the agent and the serving path) |
 | docker_url                 | THAW_DOCKER_URL              | unix:///var/run/docker.sock |
 | docker_warm_size           | THAW_DOCKER_WARM_SIZE        | 0 (warm containers per image) |
 | otlp_endpoint              | THAW_OTLP_ENDPOINT           | (none: no traces; OTLP/HTTP base URL, e.g. http://collector:4318) |
@@ -160,6 +161,7 @@ class Settings(BaseSettings):
     worker_pool_host_bytes_max: int = Field(default=8 << 30, ge=0)
     worker_pool_refill_delay_s: float = Field(default=1.0, ge=0)
     adapter_cache_size: int = Field(default=8, ge=0)
+    worker_cpu_threads: int = Field(default=0, ge=0)
     docker_url: str = "unix:///var/run/docker.sock"
     docker_warm_size: int = Field(default=0, ge=0)
     # --- traces (see control_plane/tracing.py) ---

@@ -65,6 +65,7 @@ class AgentConfig:
     concurrency: int = 32
     pool_size: int = 0
     adapter_cache_size: int = 8
+    cpu_threads: int = 0  # torch threads of a CPU replica (0: the cores less one)
     # Less free than this on the cache disk: unhealthy, no new replicas (worker.health).
     cache_min_free_bytes: int = DEFAULT_CACHE_MIN_FREE_BYTES
     call_limits: CallLimits | None = None  # result and error caps per call (None: defaults)
@@ -110,6 +111,7 @@ class Agent:
             client,
             config.store,
             adapter_cache_size=config.adapter_cache_size,
+            cpu_threads=config.cpu_threads,
             tracing=open_tracing(config.tracing),
             call_limits=config.call_limits or CallLimits(),
         )

@@ -88,6 +88,7 @@ def agent_config(settings: Settings) -> AgentConfig:
         concurrency=settings.worker_concurrency,
         pool_size=settings.worker_pool_size,
         adapter_cache_size=settings.adapter_cache_size,
+        cpu_threads=settings.worker_cpu_threads,
         cache_min_free_bytes=settings.cache_min_free_bytes,
         call_limits=CallLimits(
             settings.max_result_bytes,

@@ -94,6 +94,7 @@ class ReplicaSpec(BaseModel):
     max_wait_ms: float = Field(default=0.0, ge=0)
     max_concurrent_calls: int | None = Field(default=None, ge=1)  # more wait for a slot
     llm: LLMOptions | None = None  # an LLM function: how its replica serves the model
+    cpu_threads: int | None = Field(default=None, ge=1)  # torch's on a CPU (None: its own)
 
 
 # --- agent → child ---------------------------------------------------------

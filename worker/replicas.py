@@ -13,6 +13,8 @@ this worker has already run is skipped: late acks may deliver twice.
 from __future__ import annotations
 
 import logging
+import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -77,6 +79,7 @@ class ReplicaManager:
         *,
         clock: Callable[[], float] = time.time,
         adapter_cache_size: int = 8,
+        cpu_threads: int = 0,
         tracing: Tracing = NO_TRACING,
         call_limits: CallLimits = CallLimits(),
     ) -> None:
@@ -86,6 +89,7 @@ class ReplicaManager:
         self.store = store
         self.clock = clock
         self.adapter_cache_size = adapter_cache_size
+        self.cpu_threads = cpu_threads or default_cpu_threads()
         self.tracing = tracing  # spans of the calls it runs (worker.tracing)
         self.bandwidth = BandwidthMeter()  # from the loads replicas report at ready
         self._lock = threading.Lock()
@@ -164,6 +168,7 @@ class ReplicaManager:
             max_wait_ms=msg.max_wait_ms,
             max_concurrent_calls=msg.max_concurrent_calls,
             llm=msg.llm,
+            cpu_threads=replica_cpu_threads(self.cpu_threads, msg),
         )
 
     def stop_by_id(self, replica_id: str, reason: str) -> None:
@@ -383,3 +388,16 @@ class ReplicaManager:
 
 def _artifact_digests(spec: ReplicaSpec) -> list[str]:
     return ([spec.model_digest] if spec.model_digest else []) + [a.digest for a in spec.adapters]
+
+
+def default_cpu_threads() -> int:
+    """The worker's cores less one: a CPU replica's intra-op threads spin on every core
+    they have, and the agent, the serving path (and on one machine the control plane)
+    need one to pass tokens on. On 2 cores, 8 LLM streams: 415 -> 905 tokens/s."""
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
+def replica_cpu_threads(worker_threads: int, msg: StartReplica) -> int:
+    """A replica's torch threads: the worker's, at most its container's ``cpus``."""
+    cpus = msg.container.cpus if msg.container is not None else None
+    return max(1, min(worker_threads, math.ceil(cpus))) if cpus else worker_threads

@@ -122,6 +122,10 @@ class _Loaders:
 
 def _specialize(spec: ReplicaSpec, loaders: _Loaders, phases_ms: dict[str, float]) -> Specialized:
     before = set(sys.modules)
+    if spec.device == "cpu" and spec.cpu_threads is not None:
+        import torch
+
+        torch.set_num_threads(spec.cpu_threads)  # before any user code or engine starts
     os.environ.update(spec.env)  # the function's declared environment, for its own code
     secrets = {n: spec.env[n] for n in spec.secret_names if n in spec.env}
     log_guard.install(secrets, spec.max_log_bytes_per_call)  # before any user code runs

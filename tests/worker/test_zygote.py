@@ -158,3 +158,37 @@ def test_preloading_transformers_builds_its_conversion_table_ahead() -> None:
     mapping._checkpoint_conversion_mapping_cache = None  # as in a fresh process
     import_libraries(("transformers",))
     assert mapping._checkpoint_conversion_mapping_cache is not None
+
+
+def test_a_cpu_replica_computes_with_the_threads_it_was_given(pool: ProcessPool) -> None:
+    runtime = ProcessRuntime(pool)
+    for threads in (1, 2):
+        given = spec("basic:Threads", f"t{threads}").model_copy(update={"cpu_threads": threads})
+        replica = runtime.start(given, lambda *_: None)
+        try:
+            [done] = list(replica.call(CallRequest("c1", None)))
+            assert done.output == {"torch_threads": threads}
+        finally:
+            replica.stop()
+
+
+def test_a_replica_has_the_workers_threads_at_most_its_containers_cpus() -> None:
+    from control_plane.protocol import ContainerOptions, StartReplica
+    from worker.replicas import default_cpu_threads, replica_cpu_threads
+
+    def start(cpus: float | None) -> StartReplica:
+        container = ContainerOptions(image="i:v1", cpus=cpus) if cpus is not None else None
+        return StartReplica(
+            replica_id="r",
+            function="f",
+            version=1,
+            bundle_digest="blake3:00",
+            entry="a:B",
+            container=container,
+        )
+
+    assert replica_cpu_threads(7, start(None)) == 7
+    assert replica_cpu_threads(7, start(2.5)) == 3
+    assert replica_cpu_threads(2, start(8.0)) == 2
+    assert replica_cpu_threads(7, start(0.5)) == 1
+    assert default_cpu_threads() == max(1, (os.cpu_count() or 1) - 1)

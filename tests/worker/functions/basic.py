@@ -130,3 +130,12 @@ class Heap:
         before_kib = private_dirty_kib()
         gc.collect()
         return {"frozen": gc.get_freeze_count(), "gained_kib": private_dirty_kib() - before_kib}
+
+
+class Threads:
+    """Says how many threads torch computes with in this replica."""
+
+    def __call__(self, input: Any, call: Any) -> Any:
+        import torch
+
+        return {"torch_threads": torch.get_num_threads()}
