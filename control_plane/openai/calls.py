@@ -55,18 +55,20 @@ class Target:
 
 def _llm_functions(session: Session, who: Principal) -> list[Target]:
     """Every LLM function this key may invoke, as deployed now."""
-    out = []
-    for fn in session.scalars(select(Function).order_by(Function.name)):
-        if fn.active_version is None:
-            continue
-        try:
-            who.require("invoke", fn.name)
-        except ForbiddenError:
-            continue
-        spec = functions.active_of(session, fn).spec
-        if spec.llm is not None:
-            out.append(Target(fn.name, None, spec, int(fn.created_at)))
-    return out
+    fns = session.scalars(select(Function).order_by(Function.name))
+    return [t for t in (_llm_target(session, who, fn) for fn in fns) if t is not None]
+
+
+def _llm_target(session: Session, who: Principal, fn: Function | None) -> Target | None:
+    """``fn`` as an LLM function this key may invoke, or None."""
+    if fn is None or fn.active_version is None:
+        return None
+    try:
+        who.require("invoke", fn.name)
+    except ForbiddenError:
+        return None
+    spec = functions.active_of(session, fn).spec
+    return Target(fn.name, None, spec, int(fn.created_at)) if spec.llm is not None else None
 
 
 def model_list(session: Session, who: Principal) -> ModelList:
@@ -83,8 +85,8 @@ def resolve(session: Session, who: Principal, model: str) -> Target:
     """The function (and adapter) ``model`` names, or OpenAI's 404."""
     who.require("invoke")  # a key that may call nothing learns nothing of names
     name, _, adapter = model.partition(":")
-    targets = {t.function: t for t in _llm_functions(session, who)}
-    target = targets.get(name)
+    fn = session.scalars(select(Function).where(Function.name == name)).first()
+    target = _llm_target(session, who, fn)
     adapters = [a.name for a in target.spec.adapters] if target is not None else []
     if target is None or (adapter and adapter not in adapters):
         known = [card.id for card in model_list(session, who).data]

@@ -92,18 +92,22 @@ class Activator:
             with contextlib.suppress(DirectUnavailableError, DirectLostError):
                 self.s.direct.cancel(*port, call_id)
 
-    def stream(self, call_id: str, keepalive_s: float | None = None) -> Iterator[StreamItem]:
+    def stream(
+        self, call_id: str, keepalive_s: float | None = None, deadline_at: float | None = None
+    ) -> Iterator[StreamItem]:
         """Each streamed output in order, then ``done`` (the call) or ``error``.
         With ``keepalive_s``: a ``waiting`` item (its data the call's status) whenever
         that long passed with nothing else to give, e.g. through a cold start. A call
         run by this process over a direct port hands its outputs here in memory
         (``services.live_outputs``); the database is read for its end, or from where
-        the hand-off stopped."""
+        the hand-off stopped. ``deadline_at``: the call's, when the caller knows it."""
         seen, last_seq = 0, 0
         live = self.s.live.attach(call_id)
         if live is not None:
             try:
-                last_seq, ended = yield from self._stream_live(call_id, live, keepalive_s)
+                last_seq, ended = yield from self._stream_live(
+                    call_id, live, keepalive_s, deadline_at
+                )
             finally:
                 live.reader_gone = True
             if ended:
@@ -137,12 +141,13 @@ class Activator:
             seen = self._wait(call_id, seen, until)
 
     def _stream_live(
-        self, call_id: str, live: LiveCall, keepalive_s: float | None
+        self, call_id: str, live: LiveCall, keepalive_s: float | None, deadline_at: float | None
     ) -> Generator[StreamItem, None, tuple[int, bool]]:
         """Outputs from the hand-off until the run's end: (the last seq given, whether
         the call's end was given too). Past the deadline (the run's connection times
         out then) or at a fallback, the database takes over."""
-        deadline_at = self._read(call_id).deadline_at
+        if deadline_at is None:
+            deadline_at = self._read(call_id).deadline_at
         last_seq = 0
         last_item = self.s.clock()
         while self.s.clock() < deadline_at + LIVE_DEADLINE_GRACE_S:
@@ -162,7 +167,7 @@ class Activator:
                     yield StreamItem("output", item.data)
                 continue
             if item.kind == "final":
-                view = self._read(call_id)
+                view = item.data if isinstance(item.data, CallView) else self._read(call_id)
                 if view.final:
                     kind: Literal["done", "error"] = (
                         "done" if view.status == "succeeded" else "error"

@@ -115,17 +115,17 @@ class DirectRunner:
                     ended = True
                     counter.labels(claim.function, "ran").inc()
                 if live is not None and _handed(live, ev):
+                    _put_outputs(live, ev)  # to the reader first, then to the record
                     if first_recorded:
                         kept.append(ev)
                     else:  # the first output is recorded at once: its time is the call's
                         self._record(claim, [ev])
                         first_recorded = True
-                    _put_outputs(live, ev)
                 elif ev.kind != "started" or record_started:
                     final = self._record(claim, [*joined(kept), ev]) or final
                     kept.clear()
                     if live is not None and ev.kind in FINAL_CALL_EVENTS:
-                        live.put(LiveItem("final"))
+                        live.put(LiveItem("final", data=final))  # the call as it ended
         except UnsendableError as exc:
             return self.end_unsendable(claim.function, claim.message, exc, claim.row)
         except DirectUnavailableError as exc:

@@ -99,9 +99,10 @@ async def _generate(
             target.function,
             call,
         )
-        items = inv.activator.stream(view.id, keepalive_s=KEEPALIVE_S)
+        items = inv.activator.stream(view.id, KEEPALIVE_S, view.deadline_at)
         first = await run_in_threadpool(next, items)
-        view = await run_in_threadpool(inv.get, who, view.id)  # cold or warm, if known yet
+        if view.status == "queued":  # cold or warm, if known by now
+            view = await run_in_threadpool(inv.get, who, view.id)
         if first.kind == "error":
             call_view = first.call
             raise calls.failure(call_view, _text(first.data), call_view.status if call_view else "")
