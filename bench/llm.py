@@ -1,35 +1,38 @@
-"""LLM streams bench: an LLM function through thaw's OpenAI routes, at 1, 8, ...
-concurrent streams: tokens/s, time to first token (TTFT) and time per output token
-(TPOT), medians over rounds; with ``--model-dir``, side by side with the same engine
-in this process with no thaw around it (the ceiling thaw adds its overhead to).
+"""LLM benchmark: thaw's OpenAI routes beside the same engine in-process, sequential
+``generate`` and ``transformers serve``, at 1, 8 and 32 concurrent streams; and the LLM
+cold start from zero against a naive one. One model, one prompt set, one run.
 
-    thaw up                     # or any thaw with an LLM function deployed
-    python bench/llm.py [--model chat] [--streams 1,8] [--max-tokens 64] [--rounds 3]
-                        [--model-dir DIR [--max-num-seqs 8 --kv-cache-mb 16]]
-                        [--url URL] [--key KEY] [--json -|PATH]
+    python bench/llm.py [--model DIR] [--quick] [--streams 1,8,32] [--max-tokens 64]
+                        [--rounds 3] [--cold-trials 3] [--skip serve,generate,engine,cold]
+                        [--max-num-seqs 32 --max-batch-tokens 512 --kv-cache-mb 256]
+                        [--slo-ttft-ms 500 --slo-tpot-ms 50] [--json -|PATH] [--markdown]
+    python bench/llm.py --url URL --function NAME [--key KEY] [--model DIR] ...
+    thaw bench llm [--model DIR] ...     (the same, from a checkout)
 
-``--model-dir`` is the function's model directory (``thaw up``'s is
-``$THAW_HOME/example/model``); the in-process engine gets the sizes given, which
-should be the function's.
+``--model`` is a Hugging Face model directory (safetensors; any causal LM transformers
+loads); without it, the cold-start bench's example (a 76M-parameter Llama made
+locally, random weights; ``--quick``: the tiny one). thaw runs as a private
+installation (``bench._llm_stack``): the model pushed to a scratch store and served
+as an LLM function with the sizes given, which the in-process engine gets too. With
+``--url`` the function NAME of a running thaw is measured instead (no cold starts;
+``--model`` then adds the baselines on that directory).
 
-``--url`` and ``--key`` default to ``THAW_SERVER_URL`` and ``THAW_API_KEY`` (``thaw
-up`` prints both). Each stream is one ``openai`` SDK call with ``stream=True``,
-timed on the client: TTFT from sending the request to the first chunk with text,
-TPOT the mean gap after it; tokens are the call's usage. A level's tokens/s is every
-completion token of its streams over the time from the first request to the last
-stream's end. One warm-up call first, so a cold start is not in the figures.
-Prompts come from one set of varied lengths; sampling is seeded per stream.
+Each stream is a streamed completion with usage (thaw, ``transformers serve``) or a
+generate call (in-process), timed on the client: TTFT from the level's start to the
+first token, TPOT the mean gap after it; a level's tokens/s is its completion tokens
+over the time from its start to its last stream's end; goodput is the share of its
+streams within both SLOs. Every figure is the median over rounds; each mode has a
+warm-up call first. How the baselines run: ``bench._llm_baselines``.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import sys
-import time
-from dataclasses import dataclass
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,219 +41,260 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 from rich.console import Console
 
-from bench._common import Column, TableSpec, machine_description, percentile, render_table
+from bench import _llm_baselines as base
+from bench._common import (
+    Column,
+    TableSpec,
+    machine_description,
+    markdown_table,
+    percentile,
+    render_table,
+)
 from bench._common import write_json as write_json_doc
 
-PROMPTS = [
-    "Hello",
-    "The quick brown fox jumps over the lazy dog",
-    "A cold start is the first request after idle, and",
-    "Where did every millisecond of the first request go? Tell me in order:",
-    "Weights are stored as verified, content-addressed chunks, streamed in the "
-    "order a replica first touched them, straight into tensors on the device, so",
-]
+THAW = "thaw (OpenAI routes)"
+ENGINE = "engine in-process"
+GENERATE = "sequential generate"
+SERVE = "transformers serve"
+SKIPPABLE = ("serve", "generate", "engine", "cold")
 
 
-@dataclass(frozen=True)
-class StreamTiming:
-    """One stream, in seconds from its level's start (``sent``) or its own."""
-
-    sent_s: float
-    first_s: float | None  # None: no text came back
-    end_s: float
-    tokens: int
-
-    @property
-    def ttft_s(self) -> float | None:
-        return None if self.first_s is None else self.first_s - self.sent_s
-
-    @property
-    def tpot_s(self) -> float | None:
-        if self.first_s is None or self.tokens < 2:
-            return None
-        return (self.end_s - self.first_s) / (self.tokens - 1)
-
-
-def level_row(streams: int, rounds: list[list[StreamTiming]]) -> dict[str, Any]:
+def level_row(
+    streams: int, rounds: list[base.Level], slo_ttft_ms: float, slo_tpot_ms: float
+) -> dict[str, Any]:
     """One table row: medians over rounds of each round's figures."""
-    per_round = [_round_figures(timings) for timings in rounds]
+    per_round = [_round_figures(timings, slo_ttft_ms, slo_tpot_ms) for timings in rounds]
     row: dict[str, Any] = {"streams": streams, "rounds": len(rounds)}
-    for key in ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tokens"):
-        values = [r[key] for r in per_round if r[key] is not None]
+    for key in per_round[0]:
+        values = [v for r in per_round if (v := r[key]) is not None]
         row[key] = statistics.median(values) if values else None
     return row
 
 
-def _round_figures(timings: list[StreamTiming]) -> dict[str, Any]:
+def _round_figures(
+    timings: base.Level, slo_ttft_ms: float, slo_tpot_ms: float
+) -> dict[str, float | None]:
     span = max(t.end_s for t in timings) - min(t.sent_s for t in timings)
     tokens = sum(t.tokens for t in timings)
-    ttfts = sorted(t.ttft_s * 1000 for t in timings if t.ttft_s is not None)
-    tpots = sorted(t.tpot_s * 1000 for t in timings if t.tpot_s is not None)
+    ttfts = [t.ttft_s * 1000 for t in timings if t.ttft_s is not None]
+    tpots = [t.tpot_s * 1000 for t in timings if t.tpot_s is not None]
+
+    def good(t: base.StreamTiming) -> bool:
+        ttft_ok = t.ttft_s is not None and t.ttft_s * 1000 <= slo_ttft_ms
+        return ttft_ok and (t.tpot_s is None or t.tpot_s * 1000 <= slo_tpot_ms)
+
     return {
         "tokens": tokens,
         "tokens_per_s": tokens / span if span > 0 else None,
         "ttft_p50_ms": percentile(ttfts, 50) if ttfts else None,
         "ttft_p99_ms": percentile(ttfts, 99) if ttfts else None,
         "tpot_p50_ms": percentile(tpots, 50) if tpots else None,
+        "tpot_p99_ms": percentile(tpots, 99) if tpots else None,
+        "goodput": sum(good(t) for t in timings) / len(timings),
     }
 
 
-def table(rows: list[dict[str, Any]], title: str) -> TableSpec:
-    def num(value: Any, fmt: str) -> str:
-        return "-" if value is None else format(value, fmt)
-
-    columns = [
-        Column("mode", justify="left"),
-        Column("streams"),
-        Column("tokens/s"),
-        Column("TTFT p50 ms"),
-        Column("TTFT p99 ms"),
-        Column("TPOT p50 ms"),
-        Column("tokens a round"),
-        Column("tokens/s vs engine"),
-        Column("TTFT p50 added ms"),
-    ]
-    body = [
-        [
-            str(r.get("mode", "")),
-            str(r["streams"]),
-            num(r["tokens_per_s"], ".1f"),
-            num(r["ttft_p50_ms"], ".1f"),
-            num(r["ttft_p99_ms"], ".1f"),
-            num(r["tpot_p50_ms"], ".2f"),
-            num(r["tokens"], ".0f"),
-            num(r.get("tokens_per_s_vs_engine"), ".2f"),
-            num(r.get("ttft_p50_added_ms"), ".1f"),
-        ]
-        for r in rows
-    ]
-    return TableSpec(title, columns, body)
-
-
-async def _stream(client: Any, model: str, i: int, max_tokens: int, t0: float) -> StreamTiming:
-    sent = time.perf_counter() - t0
-    first, tokens = None, 0
-    stream = await client.completions.create(
-        model=model,
-        prompt=PROMPTS[i % len(PROMPTS)],
-        max_tokens=max_tokens,
-        temperature=1.0,
-        seed=i,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    async for chunk in stream:
-        if chunk.choices and chunk.choices[0].text and first is None:
-            first = time.perf_counter() - t0
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
-    return StreamTiming(sent, first, time.perf_counter() - t0, tokens)
-
-
-async def _level(client: Any, model: str, streams: int, max_tokens: int) -> list[StreamTiming]:
-    t0 = time.perf_counter()
-    calls = (_stream(client, model, i, max_tokens, t0) for i in range(streams))
-    return list(await asyncio.gather(*calls))
-
-
-def measure_engine(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The same prompts and sampling through ``worker.llm.engine`` in this process: a
-    thread per stream, timed as the client times thaw's streams."""
-    import threading
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from worker.llm.engine import Engine, EngineSizes, Sampling
-
-    tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
-    model = AutoModelForCausalLM.from_pretrained(
-        args.model_dir, dtype=torch.float32, attn_implementation="sdpa"
-    ).eval()
-    eos = model.config.eos_token_id
-    sizes = EngineSizes(
-        max_num_seqs=args.max_num_seqs,
-        max_batch_tokens=512,
-        kv_cache_bytes=args.kv_cache_mb << 20,
-    )
-    engine = Engine(model, sizes, eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []))
-    prompts = [list(tokenizer(p)["input_ids"]) for p in PROMPTS]
-
-    def one(i: int, t0: float, out: list[StreamTiming | None]) -> None:
-        sent = time.perf_counter() - t0
-        first, tokens = None, 0
-        sampling = Sampling(max_new_tokens=args.max_tokens, temperature=1.0, seed=i)
-        for step in engine.generate(prompts[i % len(prompts)], sampling):
-            if step.token_ids and first is None:
-                first = time.perf_counter() - t0
-            tokens += len(step.token_ids)
-        out[i] = StreamTiming(sent, first, time.perf_counter() - t0, tokens)
-
-    def level(streams: int, max_tokens: int) -> list[StreamTiming]:
-        out: list[StreamTiming | None] = [None] * streams
-        t0 = time.perf_counter()
-        threads = [threading.Thread(target=one, args=(i, t0, out)) for i in range(streams)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return [t for t in out if t is not None]
-
-    try:
-        level(1, 4)  # warm-up, as for thaw
-        rows = []
-        for streams in args.streams:
-            rounds = [level(streams, args.max_tokens) for _ in range(args.rounds)]
-            print(f"  engine in-process, {streams} streams: done", file=sys.stderr)
-            rows.append({"mode": "engine in-process", **level_row(streams, rounds)})
-        return rows
-    finally:
-        engine.close()
-
-
-async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=f"{args.url}/openai/v1", api_key=args.key, max_retries=0)
-    async with client:
-        await _level(client, args.model, 1, 4)  # warm-up: a cold start is not measured
-        rows = []
-        for streams in args.streams:
-            rounds = []
-            for n in range(args.rounds):
-                rounds.append(await _level(client, args.model, streams, args.max_tokens))
-                print(f"  {streams} streams: round {n + 1}/{args.rounds}", file=sys.stderr)
-            rows.append({"mode": "thaw (OpenAI routes)", **level_row(streams, rounds)})
-    return rows
-
-
-def _with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each thaw row with its tokens/s over the in-process engine's at that level, and
-    its TTFT p50 over the engine's (what thaw adds); the engine rows as they were."""
-    engine = {r["streams"]: r for r in rows if r["mode"] == "engine in-process"}
+def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """thaw's rows with their tokens/s over each baseline's at the same level, the TTFT
+    p50 thaw adds over the in-process engine, and thaw's TTFT p99 over its p50."""
+    by = {(r["mode"], r["streams"]): r for r in rows}
     out = []
     for r in rows:
-        base = engine.get(r["streams"]) if r["mode"] != "engine in-process" else None
-        if base is not None and base["tokens_per_s"] and r["tokens_per_s"] is not None:
-            r = {**r, "tokens_per_s_vs_engine": r["tokens_per_s"] / base["tokens_per_s"]}
-        if base is not None and base["ttft_p50_ms"] is not None and r["ttft_p50_ms"] is not None:
-            r = {**r, "ttft_p50_added_ms": r["ttft_p50_ms"] - base["ttft_p50_ms"]}
+        if r["mode"] == THAW:
+            r = dict(r)
+            baselines = (("vs_engine", ENGINE), ("vs_generate", GENERATE), ("vs_serve", SERVE))
+            for key, mode in baselines:
+                other = by.get((mode, r["streams"]))
+                if other and other["tokens_per_s"] and r["tokens_per_s"] is not None:
+                    r[key] = r["tokens_per_s"] / other["tokens_per_s"]
+            engine = by.get((ENGINE, r["streams"]))
+            if engine and engine["ttft_p50_ms"] is not None and r["ttft_p50_ms"] is not None:
+                r["ttft_added_ms"] = r["ttft_p50_ms"] - engine["ttft_p50_ms"]
+            if r["ttft_p50_ms"] and r["ttft_p99_ms"] is not None:
+                r["ttft_p99_over_p50"] = r["ttft_p99_ms"] / r["ttft_p50_ms"]
         out.append(r)
     return out
 
 
+def _num(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def streams_table(rows: list[dict[str, Any]], title: str) -> TableSpec:
+    heads = ["mode", "streams", "tokens/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms"]
+    heads += ["TPOT p99 ms", "goodput", "x engine", "x generate", "x serve", "TTFT added ms"]
+    columns = [Column(h, justify="left" if h == "mode" else "right") for h in heads]
+    body = [
+        [
+            r["mode"],
+            str(r["streams"]),
+            _num(r["tokens_per_s"], ".1f"),
+            _num(r["ttft_p50_ms"], ".1f"),
+            _num(r["ttft_p99_ms"], ".1f"),
+            _num(r["tpot_p50_ms"], ".2f"),
+            _num(r["tpot_p99_ms"], ".2f"),
+            _num(None if r["goodput"] is None else r["goodput"] * 100, ".0f") + "%",
+            _num(r.get("vs_engine"), ".2f"),
+            _num(r.get("vs_generate"), ".2f"),
+            _num(r.get("vs_serve"), ".2f"),
+            _num(r.get("ttft_added_ms"), ".1f"),
+        ]
+        for r in sorted(rows, key=lambda r: (r["streams"], r["mode"] != THAW))
+    ]
+    return TableSpec(title, columns, body)
+
+
+def cold_table(cold: dict[str, Any]) -> TableSpec:
+    naive, thaw = cold["naive"], cold["thaw"]
+    columns = [Column("", justify="left"), Column("first token s"), Column("x naive")]
+    columns.append(Column("phases (medians, ms)", justify="left"))
+    phases = ", ".join(f"{k} {v:.0f}" for k, v in thaw["phases_ms"].items())
+    naive_phases = ", ".join(f"{k[:-2]} {v * 1000:.0f}" for k, v in naive["phases_s"].items())
+    body = [
+        ["naive (fresh process)", f"{naive['first_token_s']:.3f}", "1.00", naive_phases],
+        [
+            "thaw from zero (pool hit, RAM tier)",
+            f"{thaw['first_token_s']:.3f}",
+            f"{thaw['first_token_s'] / naive['first_token_s']:.3f}",
+            phases,
+        ],
+    ]
+    title = f"LLM cold start, HTTP to first token: medians of {cold['trials']} trials"
+    return TableSpec(title, columns, body)
+
+
+def _median_phases(samples: list[dict[str, float]]) -> dict[str, float]:
+    keys = dict.fromkeys(k for s in samples for k in s)
+    return {k: statistics.median(s.get(k, 0.0) for s in samples) for k in keys}
+
+
+def measure_cold(
+    stack: Any, model_dir: Path, sizes: dict[str, int], trials: int, say: Callable[[str], None]
+) -> dict[str, Any]:
+    from bench import _llm_stack
+
+    thaw, naive = [], []
+    for n in range(trials):  # interleaved, so drift hits both alike
+        naive.append(_llm_stack.naive_cold_start(model_dir, sizes))
+        sample = _llm_stack.thaw_cold_start(stack)
+        if not sample["cold"] or not sample["pool_hit"]:
+            say(f"  cold trial {n + 1}: not a pool-hit cold start ({sample}); kept, flagged")
+        thaw.append(sample)
+        say(f"  cold start trial {n + 1}/{trials}: done")
+    return {
+        "trials": trials,
+        "naive": {
+            "first_token_s": statistics.median(s["total_s"] for s in naive),
+            "phases_s": _median_phases([s["phases"] for s in naive]),
+        },
+        "thaw": {
+            "first_token_s": statistics.median(s["first_token_s"] for s in thaw),
+            "phases_ms": _median_phases([s["phases_ms"] for s in thaw]),
+            "all_pool_hits": all(s["pool_hit"] and s["cold"] for s in thaw),
+        },
+    }
+
+
+def _model_dir(args: argparse.Namespace) -> Path:
+    if args.model is not None:
+        return Path(args.model)
+    from bench._coldstart_setup import FULL_MODEL, QUICK_MODEL, ensure_example
+
+    return ensure_example(args.data_dir, QUICK_MODEL if args.quick else FULL_MODEL)["model"]
+
+
+def check_model_dir(path: Path) -> str | None:
+    """Why ``path`` is not a model directory this bench can load, or None."""
+    if not path.is_dir():
+        return f"{path} is not a directory"
+    if not (path / "config.json").is_file():
+        return f"{path} has no config.json: give a Hugging Face model directory"
+    if not any(path.glob("*.safetensors")):
+        pickles = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
+        hint = f" (it holds {', '.join(pickles)}: convert to safetensors)" if pickles else ""
+        return f"{path} has no .safetensors weights{hint}"
+    return None
+
+
+def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
+    sizes = {
+        "max_num_seqs": args.max_num_seqs,
+        "max_batch_tokens": args.max_batch_tokens,
+        "kv_cache_mb": args.kv_cache_mb,
+    }
+    model_dir = _model_dir(args) if args.model or not args.url else None
+    if model_dir is not None and (why := check_model_dir(model_dir)) is not None:
+        raise SystemExit(f"--model: {why}")
+    levels, rounds, n = args.streams, args.rounds, args.max_tokens
+    results: dict[str, list[list[base.Level]]] = {}
+    cold = None
+    with tempfile.TemporaryDirectory(prefix="thaw-bench-llm-") as tmp:
+        if args.url:
+            results[THAW] = base.openai_levels(
+                f"{args.url}/openai/v1", args.key, args.function, levels, rounds, n
+            )
+        else:
+            from bench._llm_stack import FUNCTION, installation
+
+            assert model_dir is not None
+            say(f"starting a private thaw with {model_dir} …")
+            with installation(model_dir, Path(tmp), sizes, max(levels)) as stack:
+                url, key = f"{stack.url}/openai/v1", stack.admin_key
+                results[THAW] = base.openai_levels(url, key, FUNCTION, levels, rounds, n)
+                say("thaw: done")
+                if "cold" not in args.skip:
+                    cold = measure_cold(stack, model_dir, sizes, args.cold_trials, say)
+        if model_dir is not None and "serve" not in args.skip:
+            try:
+                log = Path(tmp) / "serve.log"
+                with base.transformers_serve(model_dir, sizes, log) as url:
+                    model = str(model_dir)  # transformers serve names a model by its path
+                    results[SERVE] = base.openai_levels(url, "none", model, levels, rounds, n)
+                say("transformers serve: done")
+            except RuntimeError as exc:
+                say(f"transformers serve could not run: {exc}")
+    if model_dir is not None and "engine" not in args.skip:
+        results[ENGINE] = base.engine_levels(model_dir, levels, rounds, n, sizes, say)
+    if model_dir is not None and "generate" not in args.skip:
+        results[GENERATE] = base.generate_levels(model_dir, levels, rounds, n, say)
+    rows = [
+        {"mode": mode, **level_row(streams, per_level, args.slo_ttft_ms, args.slo_tpot_ms)}
+        for mode, by_level in results.items()
+        for streams, per_level in zip(levels, by_level, strict=True)
+    ]
+    return {
+        "machine": machine_description(),
+        "model": str(model_dir or args.function),
+        "sizes": sizes,
+        "max_tokens": n,
+        "rounds": rounds,
+        "slo_ttft_ms": args.slo_ttft_ms,
+        "slo_tpot_ms": args.slo_tpot_ms,
+        "rows": with_ratios(rows),
+        "cold_start": cold,
+    }
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", default="chat", help="the LLM function (or function:adapter)")
-    p.add_argument("--streams", default="1,8", help="concurrent streams per level, comma-separated")
+    p.add_argument("--model", help="a model directory (default: the bench's example model)")
+    p.add_argument("--quick", action="store_true", help="the tiny example model")
+    p.add_argument("--streams", default="1,8,32", help="concurrent streams per level")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--url", default=os.environ.get("THAW_SERVER_URL", "http://127.0.0.1:8420"))
+    p.add_argument("--cold-trials", type=int, default=3)
+    p.add_argument("--skip", default="", help=f"comma-separated, of {', '.join(SKIPPABLE)}")
+    p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--max-batch-tokens", type=int, default=512)
+    p.add_argument("--kv-cache-mb", type=int, default=256)
+    p.add_argument("--slo-ttft-ms", type=float, default=500.0)
+    p.add_argument("--slo-tpot-ms", type=float, default=50.0)
+    p.add_argument("--url", help="measure a running thaw instead of a private one")
+    p.add_argument("--function", default="chat", help="with --url: the LLM function")
     p.add_argument("--key", default=os.environ.get("THAW_API_KEY"))
-    p.add_argument("--model-dir", type=Path, help="also the engine in-process on this model")
-    p.add_argument("--max-num-seqs", type=int, default=8, help="the in-process engine's batch")
-    p.add_argument("--kv-cache-mb", type=int, default=16, help="the in-process engine's KV cache")
-    p.add_argument("--json", dest="json_out", help="also write the rows as JSON (- for stdout)")
+    p.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parent / ".data")
+    p.add_argument("--json", dest="json_out", help="also write the figures as JSON (- for stdout)")
+    p.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
     args = p.parse_args(argv)
     try:
         args.streams = [int(s) for s in args.streams.split(",")]
@@ -258,25 +302,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--streams takes numbers separated by commas, not {args.streams!r}")
     if not args.streams or min(args.streams) < 1 or args.rounds < 1 or args.max_tokens < 1:
         p.error("--streams, --rounds and --max-tokens must be positive")
-    if not args.key:
-        p.error("no API key: pass --key or set THAW_API_KEY (thaw up prints it)")
+    args.skip = {s for s in args.skip.split(",") if s}
+    if args.skip - set(SKIPPABLE):
+        p.error(f"--skip takes {', '.join(SKIPPABLE)}, not {', '.join(sorted(args.skip))}")
+    if args.url and not args.key:
+        p.error("--url needs an API key: pass --key or set THAW_API_KEY")
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    rows = asyncio.run(measure(args))
-    if args.model_dir is not None:
-        rows += measure_engine(args)
-        rows = _with_ratios(rows)
-    title = (
-        f"{args.model} at {args.url}: {args.max_tokens} tokens a stream, medians of {args.rounds}"
-    )
-    render_table(table(rows, title), Console())
+    err = Console(stderr=True)
+    doc = run(args, lambda line: err.print(line, style="dim"))
+    out = Console(width=None if sys.stdout.isatty() else 220)
+    title = f"{doc['model']}: {doc['max_tokens']} tokens a stream, medians of {doc['rounds']}"
+    tables = [streams_table(doc["rows"], title)]
+    if doc["cold_start"] is not None:
+        tables.append(cold_table(doc["cold_start"]))
+    for spec in tables:
+        if args.markdown:
+            print(f"**{spec.title}**\n\n{markdown_table(spec)}\n")
+        else:
+            render_table(spec, out)
     if args.json_out:
-        doc = {"machine": machine_description(), "model": args.model, "rows": rows}
-        write_json_doc({**doc, "max_tokens": args.max_tokens, "rounds": args.rounds}, args.json_out)
+        write_json_doc(doc, args.json_out)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

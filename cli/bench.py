@@ -1,6 +1,7 @@
 """``thaw bench``: the benchmarks in ``bench/``, run from a checkout of the repository.
 
     thaw bench coldstart [--trials N] [--json] [--png PATH] [--quick]
+    thaw bench llm [--model DIR] [--quick] [--streams 1,8,32] [--json PATH] ...
 
 They start their own thaw installations (server + worker processes) and
 stores; nothing of the caller's ``THAW_*`` setup is used.
@@ -44,4 +45,28 @@ def coldstart(
     argv = [*(["--trials", str(trials)] if trials is not None else [])]
     argv += [*(["--png", str(png)] if png is not None else [])]
     argv += [*(["--json"] if json else []), *(["--quick"] if quick else [])]
+    raise typer.Exit(main(argv))
+
+
+@app.command(
+    "llm",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def llm(
+    ctx: typer.Context,
+    model: Annotated[
+        Path | None, typer.Option(help="a model directory (default: the bench's example)")
+    ] = None,
+) -> None:
+    """LLM streams and cold start: thaw's OpenAI routes beside the engine in-process,
+    sequential generate and transformers serve (every option of bench/llm.py passes on)."""
+    if not (REPO_ROOT / "bench" / "llm.py").is_file():
+        raise fail(f"{REPO_ROOT / 'bench'} is missing: run `thaw bench` from a thaw checkout")
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    from bench.llm import check_model_dir, main
+
+    if model is not None and (why := check_model_dir(model)) is not None:
+        raise fail(f"--model: {why}")
+    argv = [*(["--model", str(model)] if model is not None else []), *ctx.args]
     raise typer.Exit(main(argv))

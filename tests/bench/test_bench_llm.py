@@ -1,16 +1,32 @@
-"""bench/llm.py's figures and table, from made-up stream timings (no server)."""
+"""bench/llm.py's figures and tables, from made-up stream timings (no server)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from bench.llm import StreamTiming, _with_ratios, level_row, parse_args, table
+from bench._llm_baselines import StreamTiming
+from bench.llm import (
+    ENGINE,
+    GENERATE,
+    SERVE,
+    THAW,
+    check_model_dir,
+    cold_table,
+    level_row,
+    parse_args,
+    streams_table,
+    with_ratios,
+)
+
+SLO = (500.0, 50.0)
 
 
-def test_a_level_gives_tokens_per_s_ttft_and_tpot_medians_over_rounds() -> None:
+def test_a_level_gives_tokens_per_s_ttft_tpot_and_goodput_medians_over_rounds() -> None:
     one = [StreamTiming(0.0, 0.1, 1.1, 11), StreamTiming(0.0, 0.3, 2.0, 18)]
     two = [StreamTiming(0.0, 0.2, 1.0, 9), StreamTiming(0.5, 0.6, 1.5, 1)]
-    row = level_row(2, [one, two])
+    row = level_row(2, [one, two], 250.0, 150.0)
     # round one: 29 tokens over 2.0 s; round two: 10 tokens over 1.5 s
     assert row["tokens_per_s"] == pytest.approx((29 / 2.0 + 10 / 1.5) / 2)
     # TTFT p50: round one (100, 300) -> 200 ms, round two (200, 100) -> 150 ms
@@ -18,32 +34,71 @@ def test_a_level_gives_tokens_per_s_ttft_and_tpot_medians_over_rounds() -> None:
     # TPOT: round one 100 and 100 ms; round two 100 ms (a 1-token stream has none)
     assert row["tpot_p50_ms"] == pytest.approx(100.0)
     assert row["tokens"] == pytest.approx(19.5)
+    # goodput (TTFT <= 250 ms, TPOT <= 150 ms): round one 1 of 2, round two 2 of 2
+    assert row["goodput"] == pytest.approx(0.75)
 
 
 def test_a_stream_with_no_text_has_no_ttft_and_the_table_shows_a_dash() -> None:
-    row = level_row(1, [[StreamTiming(0.0, None, 0.5, 0)]])
-    assert row["ttft_p50_ms"] is None and row["tokens_per_s"] == 0.0
-    spec = table([row], "t")
-    assert spec.rows == [["", "1", "0.0", "-", "-", "-", "0", "-", "-"]]
+    row = {"mode": THAW, **level_row(1, [[StreamTiming(0.0, None, 0.5, 0)]], *SLO)}
+    assert row["ttft_p50_ms"] is None and row["tokens_per_s"] == 0.0 and row["goodput"] == 0.0
+    [shown] = streams_table([row], "t").rows
+    assert shown[:5] == [THAW, "1", "0.0", "-", "-"] and shown[7] == "0%"
 
 
-def test_thaw_rows_get_their_ratio_and_added_ttft_against_the_engine() -> None:
-    figures = {"ttft_p99_ms": None, "tpot_p50_ms": None, "tokens": None}
-    thaw = {"mode": "thaw (OpenAI routes)", "streams": 8, "tokens_per_s": 90.0, **figures}
-    engine = {"mode": "engine in-process", "streams": 8, "tokens_per_s": 100.0, **figures}
-    rows = _with_ratios([{**thaw, "ttft_p50_ms": 30.0}, {**engine, "ttft_p50_ms": 10.0}])
-    assert rows[0]["tokens_per_s_vs_engine"] == pytest.approx(0.9)
-    assert rows[0]["ttft_p50_added_ms"] == pytest.approx(20.0)
-    assert "tokens_per_s_vs_engine" not in rows[1]
-    assert table(rows, "t").rows[0][-2:] == ["0.90", "20.0"]
+def test_thaw_rows_get_ratios_to_each_baseline_and_the_ttft_it_adds() -> None:
+    def row(mode: str, tokens_per_s: float, ttft_p50_ms: float) -> dict[str, object]:
+        return {
+            "mode": mode,
+            "streams": 8,
+            "tokens_per_s": tokens_per_s,
+            "ttft_p50_ms": ttft_p50_ms,
+            "ttft_p99_ms": 2 * ttft_p50_ms,
+            "tpot_p50_ms": None,
+            "tpot_p99_ms": None,
+            "goodput": 1.0,
+        }
+
+    figures = ((THAW, 90, 30), (ENGINE, 100, 10), (GENERATE, 15, 900), (SERVE, 45, 40))
+    rows = with_ratios([row(m, t, f) for m, t, f in figures])
+    thaw = rows[0]
+    assert thaw["vs_engine"] == pytest.approx(0.9) and thaw["vs_generate"] == pytest.approx(6.0)
+    assert thaw["vs_serve"] == pytest.approx(2.0) and thaw["ttft_added_ms"] == pytest.approx(20.0)
+    assert thaw["ttft_p99_over_p50"] == pytest.approx(2.0)
+    assert "vs_engine" not in rows[1]
+    shown = streams_table(rows, "t").rows
+    assert shown[0][0] == THAW and shown[0][-4:] == ["0.90", "6.00", "2.00", "20.0"]
+
+
+def test_the_cold_table_sets_thaw_beside_naive_with_phases() -> None:
+    cold = {
+        "trials": 3,
+        "naive": {"first_token_s": 4.0, "phases_s": {"imports_s": 2.5, "load_s": 1.0}},
+        "thaw": {"first_token_s": 0.4, "phases_ms": {"weights_fetch": 50.0, "user_setup": 120.0}},
+    }
+    spec = cold_table(cold)
+    assert spec.rows[0][:3] == ["naive (fresh process)", "4.000", "1.00"]
+    assert spec.rows[0][3] == "imports 2500, load 1000"
+    assert spec.rows[1][1:] == ["0.400", "0.100", "weights_fetch 50, user_setup 120"]
+
+
+def test_a_directory_that_is_not_a_safetensors_model_is_refused(tmp_path: Path) -> None:
+    assert "is not a directory" in (check_model_dir(tmp_path / "nope") or "")
+    assert "no config.json" in (check_model_dir(tmp_path) or "")
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"x")
+    assert "convert to safetensors" in (check_model_dir(tmp_path) or "")
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    assert check_model_dir(tmp_path) is None
 
 
 def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     for argv, said in [
-        (["--streams", "1,x", "--key", "k"], "--streams takes numbers"),
-        (["--streams", "0", "--key", "k"], "must be positive"),
-        (["--key", ""], "no API key"),
+        (["--streams", "1,x"], "--streams takes numbers"),
+        (["--streams", "0"], "must be positive"),
+        (["--skip", "serve,warp"], "--skip takes"),
+        (["--url", "http://x", "--key", ""], "needs an API key"),
     ]:
         with pytest.raises(SystemExit):
             parse_args(argv)
         assert said in capsys.readouterr().err
+    assert parse_args(["--skip", "serve,cold"]).skip == {"serve", "cold"}

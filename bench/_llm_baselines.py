@@ -1,0 +1,300 @@
+"""What the LLM bench sets thaw beside, each on the same model, prompts and sampling:
+
+    engine in-process      ``worker.llm.engine`` (transformers' continuous batching) in
+                           this process, a thread per stream: the ceiling thaw adds to
+    sequential generate    ``model.generate`` per request, one after another: what a
+                           function without batching does
+    transformers serve     ``transformers serve --continuous-batching`` in a process of
+                           its own, driven by the same OpenAI client as thaw
+
+A level is ``streams`` requests sent at once; every stream is timed from the level's
+start (``sent``) to its first token and its end, so a request that waits behind
+others (sequential generate) shows the wait in its TTFT. Call ``i`` of a level uses
+prompt ``i % len(PROMPTS)`` and sampling seed ``i``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from cli.loadtest_llm import PROMPTS
+
+
+@dataclass(frozen=True)
+class StreamTiming:
+    """One stream, in seconds from its level's start (``sent``) or its own."""
+
+    sent_s: float
+    first_s: float | None  # None: no text came back
+    end_s: float
+    tokens: int
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_s is None else self.first_s - self.sent_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.first_s is None or self.tokens < 2:
+            return None
+        return (self.end_s - self.first_s) / (self.tokens - 1)
+
+
+Level = list[StreamTiming]
+Progress = Callable[[str], None]
+
+
+def prompt(i: int) -> str:
+    return PROMPTS[i % len(PROMPTS)]
+
+
+# --- OpenAI routes (thaw, transformers serve) ---------------------------------------
+
+
+async def _openai_stream(
+    client: Any, model: str, i: int, max_tokens: int, t0: float
+) -> StreamTiming:
+    sent = time.perf_counter() - t0
+    first, tokens = None, 0
+    stream = await client.completions.create(
+        model=model,
+        prompt=prompt(i),
+        max_tokens=max_tokens,
+        temperature=1.0,
+        seed=i,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].text and first is None:
+            first = time.perf_counter() - t0
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    return StreamTiming(sent, first, time.perf_counter() - t0, tokens)
+
+
+async def _openai_levels(
+    base_url: str, key: str, model: str, levels: list[int], rounds: int, max_tokens: int
+) -> list[list[Level]]:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=600)
+    async with client:
+        await _openai_stream(client, model, 0, 4, time.perf_counter())  # warm-up
+        out = []
+        for streams in levels:
+            per_round = []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                calls = (_openai_stream(client, model, i, max_tokens, t0) for i in range(streams))
+                per_round.append(list(await asyncio.gather(*calls)))
+            out.append(per_round)
+    return out
+
+
+def openai_levels(
+    base_url: str, key: str, model: str, levels: list[int], rounds: int, max_tokens: int
+) -> list[list[Level]]:
+    """Each level's rounds through an OpenAI-compatible server (one warm-up call first)."""
+    return asyncio.run(_openai_levels(base_url, key, model, levels, rounds, max_tokens))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve_blocks(model_dir: Path, sizes: dict[str, int]) -> int:
+    """The KV blocks (of 64 tokens) the engine's ``kv_cache_mb`` makes for this model."""
+    import torch
+    from transformers import AutoConfig
+
+    from worker.llm.engine import EngineSizes, kv_blocks
+
+    engine_sizes = EngineSizes(kv_cache_bytes=sizes["kv_cache_mb"] << 20)
+    return kv_blocks(AutoConfig.from_pretrained(model_dir), torch.float32, engine_sizes)
+
+
+@contextmanager
+def transformers_serve(model_dir: Path, sizes: dict[str, int], log_path: Path) -> Iterator[str]:
+    """``transformers serve`` on ``model_dir`` (fp32, sdpa, continuous batching, no hub)
+    with the engine's KV blocks and batch tokens (it has no sequence limit); its base
+    URL. Raises RuntimeError with its log's tail when it does not come up."""
+    port = _free_port()
+    cli = Path(sys.executable).with_name("transformers")
+    cmd = [
+        str(cli), "serve", str(model_dir), "--continuous-batching", "--device", "cpu",
+        "--dtype", "float32", "--attn-implementation", "sdpa",
+        "--cb-num-blocks", str(serve_blocks(model_dir, sizes)),
+        "--cb-max-batch-tokens", str(sizes["max_batch_tokens"]), "--cb-block-size", "64",
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    log = open(log_path, "wb")  # noqa: SIM115 (closed below)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log_path.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"transformers serve did not come up: {tail}")
+            try:
+                if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        yield f"{url}/v1"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+# --- in this process -----------------------------------------------------------------
+
+
+def _load(model_dir: Path) -> tuple[Any, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
+    return model, tokenizer
+
+
+def _eos(model: Any) -> list[int]:
+    eos = model.config.eos_token_id
+    return [eos] if isinstance(eos, int) else list(eos or [])
+
+
+def engine_levels(
+    model_dir: Path,
+    levels: list[int],
+    rounds: int,
+    max_tokens: int,
+    sizes: dict[str, int],
+    progress: Progress,
+) -> list[list[Level]]:
+    """The engine thaw's LLM functions run, in this process, a thread per stream."""
+    from worker.llm.engine import Engine, EngineSizes, Sampling
+
+    model, tokenizer = _load(model_dir)
+    engine = Engine(
+        model,
+        EngineSizes(
+            max_num_seqs=sizes["max_num_seqs"],
+            max_batch_tokens=sizes["max_batch_tokens"],
+            kv_cache_bytes=sizes["kv_cache_mb"] << 20,
+        ),
+        eos_token_ids=_eos(model),
+    )
+    ids = [list(tokenizer(p)["input_ids"]) for p in PROMPTS]
+
+    def one(i: int, t0: float, out: list[StreamTiming | None], n: int) -> None:
+        sent = time.perf_counter() - t0
+        first, tokens = None, 0
+        sampling = Sampling(max_new_tokens=n, temperature=1.0, seed=i)
+        for step in engine.generate(ids[i % len(ids)], sampling):
+            if step.token_ids and first is None:
+                first = time.perf_counter() - t0
+            tokens += len(step.token_ids)
+        out[i] = StreamTiming(sent, first, time.perf_counter() - t0, tokens)
+
+    def level(streams: int, n: int) -> Level:
+        out: list[StreamTiming | None] = [None] * streams
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=one, args=(i, t0, out, n)) for i in range(streams)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return [t for t in out if t is not None]
+
+    try:
+        level(1, 4)  # warm-up, as for thaw
+        result = []
+        for streams in levels:
+            result.append([level(streams, max_tokens) for _ in range(rounds)])
+            progress(f"engine in-process, {streams} streams: done")
+        return result
+    finally:
+        engine.close()
+
+
+class _FirstToken:
+    """A ``generate`` streamer that notes when the first new token came."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.first_s: float | None = None
+        self._prompt_seen = False
+
+    def put(self, value: Any) -> None:
+        if not self._prompt_seen:  # generate puts the prompt first
+            self._prompt_seen = True
+        elif self.first_s is None:
+            self.first_s = time.perf_counter() - self.t0
+
+    def end(self) -> None:
+        pass
+
+
+def generate_levels(
+    model_dir: Path, levels: list[int], rounds: int, max_tokens: int, progress: Progress
+) -> list[list[Level]]:
+    """``model.generate`` per request, one after another; all of a level sent at once."""
+    import torch
+
+    model, tokenizer = _load(model_dir)
+    eos = _eos(model)
+
+    def level(streams: int, n: int) -> Level:
+        t0 = time.perf_counter()
+        out = []
+        for i in range(streams):
+            ids = tokenizer(prompt(i), return_tensors="pt").input_ids
+            streamer = _FirstToken(t0)
+            torch.manual_seed(i)
+            with torch.inference_mode():
+                gen = model.generate(
+                    ids,
+                    do_sample=True,
+                    temperature=1.0,
+                    top_k=0,
+                    max_new_tokens=n,
+                    eos_token_id=eos or None,
+                    pad_token_id=eos[0] if eos else None,
+                    streamer=streamer,
+                )
+            tokens = int(gen.shape[1] - ids.shape[1])
+            out.append(StreamTiming(0.0, streamer.first_s, time.perf_counter() - t0, tokens))
+        return out
+
+    level(1, 4)  # warm-up
+    result = []
+    for streams in levels:
+        result.append([level(streams, max_tokens) for _ in range(rounds)])
+        progress(f"sequential generate, {streams} streams: done")
+    return result

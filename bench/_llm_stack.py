@@ -1,0 +1,162 @@
+"""thaw's side of the LLM bench: a private installation serving the model as an LLM
+function, and the LLM cold start from zero against a naive one.
+
+The installation is a server and one worker (SQLite, the filesystem broker, a scratch
+store and cache, a 1 GiB RAM tier) with two LLM functions on the model:
+
+    bench-llm        one replica kept warm, taking every stream (its engine queues past
+                     ``max_num_seqs``, as the in-process engine does): the stream levels
+    bench-llm-cold   scaled to zero after 2 s idle: the cold starts
+
+A thaw cold start is ``POST /openai/v1/completions`` (streamed, one token) on the
+function at zero, with the worker's pool refilled and the weights in the RAM tier
+from the trial before: HTTP to the first token, timed by the client, with the call
+record's phases. The naive cold start is a fresh process that imports transformers,
+runs ``from_pretrained``, starts the same engine and produces the first token
+(``python -m bench._llm_stack SPEC``), timed from its spawn.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bench._coldstart_scenarios import wait_ready_replica
+from bench._coldstart_setup import BenchStack, running
+from bench._common import emit_result, run_fresh_process
+
+FUNCTION = "bench-llm"
+COLD_FUNCTION = "bench-llm-cold"
+MODEL_REF = "bench-llm:v1"
+RAM_TIER_BYTES = 1 << 30
+POOL_REFILL_S = 5.0
+
+
+def _spec(name: str, bundle: str, sizes: dict[str, int], scaling: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "bundle": bundle,
+        "model": MODEL_REF,
+        "device": "cpu",
+        "timeout_s": 600,
+        "llm": {
+            "max_num_seqs": sizes["max_num_seqs"],
+            "max_batch_tokens": sizes["max_batch_tokens"],
+            "kv_cache_mb": sizes["kv_cache_mb"],
+            "dtype": "float32",
+        },
+        "scaling": scaling,
+    }
+
+
+@contextmanager
+def installation(
+    model_dir: Path, root: Path, sizes: dict[str, int], max_streams: int
+) -> Iterator[BenchStack]:
+    """The private installation with both functions deployed and ``bench-llm`` ready."""
+    from snapshotter.manifest import ArtifactKind
+    from snapshotter.push import push_directory
+    from snapshotter.registry import Registry
+    from snapshotter.stores import LocalStore
+
+    store = root / "store"
+    registry = Registry(LocalStore(store))
+    push_directory(model_dir, MODEL_REF, registry)
+    code = root / "code"
+    code.mkdir(parents=True, exist_ok=True)
+    (code / "thaw.toml").write_text("")  # an LLM function's bundle holds only its spec
+    bundle = push_directory(code, "bundles/bench-llm:v1", registry, kind=ArtifactKind.BUNDLE)
+    worker_env = {
+        "THAW_CACHE_DIR": str(root / "cache"),
+        "THAW_RAM_TIER_DIR": str(Path("/dev/shm") / f"thaw-bench-llm-{root.name}"),
+        "THAW_RAM_TIER_MAX_BYTES": str(RAM_TIER_BYTES),
+    }
+    with running(root / "stack", str(store), worker_env) as stack:
+        warm = {"min_replicas": 1, "max_replicas": 1, "target_concurrency": max_streams}
+        stack.deploy(_spec(FUNCTION, bundle.digest, sizes, {**warm, "idle_timeout_s": 3600}))
+        cold = {"min_replicas": 0, "max_replicas": 1, "idle_timeout_s": 2}
+        stack.deploy(_spec(COLD_FUNCTION, bundle.digest, sizes, cold))
+        wait_ready_replica(stack, FUNCTION)
+        yield stack
+
+
+def thaw_cold_start(stack: BenchStack) -> dict[str, Any]:
+    """One cold start of ``bench-llm-cold`` from zero: seconds to the first token, and
+    the call's record (cold, phases)."""
+    stack.wait_scaled_to_zero(COLD_FUNCTION)
+    stack.wait_pool_ready(POOL_REFILL_S)
+    body = {"model": COLD_FUNCTION, "prompt": "Hello", "max_tokens": 1, "stream": True}
+    first = None
+    with stack.client(timeout_s=600) as c:
+        started = time.perf_counter()
+        with c.stream("POST", "/openai/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                raise RuntimeError(f"cold call: {r.status_code} {r.read()[:500]!r}")
+            call_id = r.headers["x-thaw-call-id"]
+            for line in r.iter_lines():
+                if first is None and line.startswith("data: {"):
+                    first = time.perf_counter() - started
+    if first is None:
+        raise RuntimeError("the cold call streamed no token")
+    call = stack.call(call_id)
+    phases = call.get("phases_ms") or {}
+    return {
+        "first_token_s": first,
+        "cold": call["cold"],
+        "pool_hit": phases.get("process_start", 0.0) == 0.0,
+        "phases_ms": phases,
+        "timings_ms": call.get("timings_ms") or {},
+    }
+
+
+def naive_cold_start(model_dir: Path, sizes: dict[str, int]) -> dict[str, Any]:
+    """A fresh process to its first token: total seconds from spawn, and its phases."""
+    spec = {"model_dir": str(model_dir), "sizes": sizes, "spawned_at": time.time()}
+    return run_fresh_process("bench._llm_stack", spec).result
+
+
+def _naive(spec: dict[str, Any]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from worker.llm.engine import Engine, EngineSizes, Sampling
+
+    t1 = time.perf_counter()
+    model_dir = Path(spec["model_dir"])
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
+    t2 = time.perf_counter()
+    sizes = spec["sizes"]
+    eos = model.config.eos_token_id
+    engine = Engine(
+        model,
+        EngineSizes(
+            max_num_seqs=sizes["max_num_seqs"],
+            max_batch_tokens=sizes["max_batch_tokens"],
+            kv_cache_bytes=sizes["kv_cache_mb"] << 20,
+        ),
+        eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
+    )
+    t3 = time.perf_counter()
+    ids = list(tokenizer("Hello")["input_ids"])
+    for step in engine.generate(ids, Sampling(max_new_tokens=1, temperature=1.0, seed=0)):
+        if step.token_ids:
+            break
+    t4 = time.perf_counter()
+    total_s = time.time() - float(spec["spawned_at"])
+    engine.close()
+    phases = {"imports_s": t1 - t0, "load_s": t2 - t1, "engine_s": t3 - t2}
+    phases["first_token_s"] = t4 - t3
+    return {"total_s": total_s, "phases": phases}
+
+
+if __name__ == "__main__":
+    emit_result(_naive(json.loads(sys.argv[1])))
