@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,41 @@ def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
             parse_args(argv)
         assert said in capsys.readouterr().err
     assert parse_args(["--skip", "serve,cold"]).skip == {"serve", "cold"}
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _thaw_bench_llm(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "cli.main", "bench", "llm", *args]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_quick_run_sets_thaw_beside_every_baseline_and_naive(tmp_path: Path) -> None:
+    out = tmp_path / "llm.json"
+    args = ["--quick", "--streams", "1,3", "--rounds", "1", "--cold-trials", "1"]
+    proc = _thaw_bench_llm(*args, "--max-tokens", "8", "--json", str(out), timeout_s=850)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    modes = {(r["mode"], r["streams"]) for r in doc["rows"]}
+    assert modes == {(m, n) for m in (THAW, ENGINE, GENERATE, SERVE) for n in (1, 3)}
+    for row in doc["rows"]:
+        assert row["tokens"] > 0 and row["tokens_per_s"] > 0, row
+        assert row["ttft_p50_ms"] is not None and 0 <= row["goodput"] <= 1, row
+    thaw = [r for r in doc["rows"] if r["mode"] == THAW]
+    assert all(r["vs_engine"] > 0 and r["vs_serve"] > 0 and r["vs_generate"] > 0 for r in thaw)
+    cold = doc["cold_start"]
+    assert cold["thaw"]["all_pool_hits"] and cold["naive"]["first_token_s"] > 0
+    assert {"imports_s", "load_s", "engine_s", "first_token_s"} == set(cold["naive"]["phases_s"])
+    assert {"weights_fetch", "user_setup", "first_output"} <= set(cold["thaw"]["phases_ms"])
+    assert "LLM cold start" in proc.stdout and "x engine" in proc.stdout
+
+
+def test_thaw_bench_llm_refuses_a_directory_that_is_not_a_model(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.pt").write_bytes(b"x")
+    proc = _thaw_bench_llm("--model", str(tmp_path))
+    assert proc.returncode != 0
+    assert "no .safetensors weights (it holds model.pt: convert to safetensors)" in proc.stderr
