@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._coldstart_scenarios import CALL_TIMINGS, Sample, TraceShape
-from bench._common import Column, TableSpec, markdown_table, percentile
+from bench._common import Column, TableSpec, markdown_table, median_phases, percentile
 
 LABELS = {
     "naive": "naive: fresh process, torch+transformers, from_pretrained, forward",
@@ -59,8 +59,7 @@ def summary(times_s: Sequence[float], phases: Sequence[dict[str, float]] = ()) -
         "p95_s": percentile(times_s, 95),
         "p99_s": percentile(times_s, 99),
     }
-    names = sorted({k for p in phases for k in p})
-    out["phases_ms"] = {k: statistics.median(p.get(k, 0.0) for p in phases) for k in names}
+    out["phases_ms"] = dict(sorted(median_phases(phases).items()))
     return out
 
 

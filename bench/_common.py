@@ -123,6 +123,13 @@ def summarize(times_s: Sequence[float]) -> Summary:
     )
 
 
+def median_phases(phases: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Each phase's median over samples (a sample without it counts 0), in the order
+    the phases first appear."""
+    names = dict.fromkeys(k for p in phases for k in p)
+    return {k: statistics.median(p.get(k, 0.0) for p in phases) for k in names}
+
+
 def gb_per_s(n_bytes: int, seconds: float) -> float:
     """Decimal gigabytes (1e9 bytes) per second; 0 for a zero time."""
     return n_bytes / seconds / BYTES_PER_GB if seconds > 0 else 0.0

@@ -173,7 +173,8 @@ def transformers_serve(model_dir: Path, sizes: dict[str, int], log_path: Path) -
 # --- in this process -----------------------------------------------------------------
 
 
-def _load(model_dir: Path) -> tuple[Any, Any]:
+def load(model_dir: Path) -> tuple[Any, Any]:
+    """The model (fp32, sdpa, eval) and its tokenizer, as every in-process mode has them."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -189,6 +190,18 @@ def _eos(model: Any) -> list[int]:
     return [eos] if isinstance(eos, int) else list(eos or [])
 
 
+def make_engine(model: Any, sizes: dict[str, int]) -> Any:
+    """``worker.llm.engine.Engine`` over ``model`` with the bench's sizes."""
+    from worker.llm.engine import Engine, EngineSizes
+
+    engine_sizes = EngineSizes(
+        max_num_seqs=sizes["max_num_seqs"],
+        max_batch_tokens=sizes["max_batch_tokens"],
+        kv_cache_bytes=sizes["kv_cache_mb"] << 20,
+    )
+    return Engine(model, engine_sizes, eos_token_ids=_eos(model))
+
+
 def engine_levels(
     model_dir: Path,
     levels: list[int],
@@ -198,18 +211,10 @@ def engine_levels(
     progress: Progress,
 ) -> list[list[Level]]:
     """The engine thaw's LLM functions run, in this process, a thread per stream."""
-    from worker.llm.engine import Engine, EngineSizes, Sampling
+    from worker.llm.engine import Sampling
 
-    model, tokenizer = _load(model_dir)
-    engine = Engine(
-        model,
-        EngineSizes(
-            max_num_seqs=sizes["max_num_seqs"],
-            max_batch_tokens=sizes["max_batch_tokens"],
-            kv_cache_bytes=sizes["kv_cache_mb"] << 20,
-        ),
-        eos_token_ids=_eos(model),
-    )
+    model, tokenizer = load(model_dir)
+    engine = make_engine(model, sizes)
     ids = [list(tokenizer(p)["input_ids"]) for p in PROMPTS]
 
     def one(i: int, t0: float, out: list[StreamTiming | None], n: int) -> None:
@@ -267,7 +272,7 @@ def generate_levels(
     """``model.generate`` per request, one after another; all of a level sent at once."""
     import torch
 
-    model, tokenizer = _load(model_dir)
+    model, tokenizer = load(model_dir)
     eos = _eos(model)
 
     def level(streams: int, n: int) -> Level:

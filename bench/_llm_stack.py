@@ -29,6 +29,7 @@ from typing import Any
 from bench._coldstart_scenarios import wait_ready_replica
 from bench._coldstart_setup import BenchStack, running
 from bench._common import emit_result, run_fresh_process
+from bench._llm_baselines import load, make_engine
 
 FUNCTION = "bench-llm"
 COLD_FUNCTION = "bench-llm-cold"
@@ -122,29 +123,15 @@ def naive_cold_start(model_dir: Path, sizes: dict[str, int]) -> dict[str, Any]:
 
 def _naive(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401 (timed here)
 
-    from worker.llm.engine import Engine, EngineSizes, Sampling
+    from worker.llm.engine import Sampling
 
     t1 = time.perf_counter()
-    model_dir = Path(spec["model_dir"])
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="sdpa"
-    ).eval()
+    model, tokenizer = load(Path(spec["model_dir"]))
     t2 = time.perf_counter()
-    sizes = spec["sizes"]
-    eos = model.config.eos_token_id
-    engine = Engine(
-        model,
-        EngineSizes(
-            max_num_seqs=sizes["max_num_seqs"],
-            max_batch_tokens=sizes["max_batch_tokens"],
-            kv_cache_bytes=sizes["kv_cache_mb"] << 20,
-        ),
-        eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
-    )
+    engine = make_engine(model, spec["sizes"])
     t3 = time.perf_counter()
     ids = list(tokenizer("Hello")["input_ids"])
     for step in engine.generate(ids, Sampling(max_new_tokens=1, temperature=1.0, seed=0)):

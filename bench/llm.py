@@ -47,6 +47,7 @@ from bench._common import (
     TableSpec,
     machine_description,
     markdown_table,
+    median_phases,
     percentile,
     render_table,
 )
@@ -163,11 +164,6 @@ def cold_table(cold: dict[str, Any]) -> TableSpec:
     return TableSpec(title, columns, body)
 
 
-def _median_phases(samples: list[dict[str, float]]) -> dict[str, float]:
-    keys = dict.fromkeys(k for s in samples for k in s)
-    return {k: statistics.median(s.get(k, 0.0) for s in samples) for k in keys}
-
-
 def measure_cold(
     stack: Any, model_dir: Path, sizes: dict[str, int], trials: int, say: Callable[[str], None]
 ) -> dict[str, Any]:
@@ -185,11 +181,11 @@ def measure_cold(
         "trials": trials,
         "naive": {
             "first_token_s": statistics.median(s["total_s"] for s in naive),
-            "phases_s": _median_phases([s["phases"] for s in naive]),
+            "phases_s": median_phases([s["phases"] for s in naive]),
         },
         "thaw": {
             "first_token_s": statistics.median(s["first_token_s"] for s in thaw),
-            "phases_ms": _median_phases([s["phases_ms"] for s in thaw]),
+            "phases_ms": median_phases([s["phases_ms"] for s in thaw]),
             "all_pool_hits": all(s["pool_hit"] and s["cold"] for s in thaw),
         },
     }
@@ -204,13 +200,16 @@ def _model_dir(args: argparse.Namespace) -> Path:
 
 
 def check_model_dir(path: Path) -> str | None:
-    """Why ``path`` is not a model directory this bench can load, or None."""
+    """Why ``path`` is not a model directory this bench can load, or None (the push
+    then checks the rest: ``snapshotter.artifact_dir``)."""
+    from snapshotter.artifact_dir import PICKLE_SUFFIXES
+
     if not path.is_dir():
         return f"{path} is not a directory"
     if not (path / "config.json").is_file():
         return f"{path} has no config.json: give a Hugging Face model directory"
     if not any(path.glob("*.safetensors")):
-        pickles = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
+        pickles = sorted(p.name for p in path.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
         hint = f" (it holds {', '.join(pickles)}: convert to safetensors)" if pickles else ""
         return f"{path} has no .safetensors weights{hint}"
     return None

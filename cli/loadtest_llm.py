@@ -195,6 +195,7 @@ def resolve_cold(c: httpx.Client, call_ids: list[str]) -> dict[str, bool]:
             r = c.get(f"/v1/calls/{call_id}")
         except httpx.HTTPError:
             continue
-        if r.status_code == 200 and isinstance(r.json().get("cold"), bool):
-            out[call_id] = r.json()["cold"]
+        cold = r.json().get("cold") if r.status_code == 200 else None
+        if isinstance(cold, bool):
+            out[call_id] = cold
     return out

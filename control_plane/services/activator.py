@@ -122,8 +122,7 @@ class Activator:
                 last_item = self.s.clock()
                 yield StreamItem("output", out)
             if view.final:
-                kind: Literal["done", "error"] = "done" if view.status == "succeeded" else "error"
-                yield StreamItem(kind, view.output if kind == "done" else view.error, view)
+                yield end_item(view)
                 return
             if self.s.clock() >= view.deadline_at:
                 try:
@@ -169,10 +168,7 @@ class Activator:
             if item.kind == "final":
                 view = item.data if isinstance(item.data, CallView) else self._read(call_id)
                 if view.final:
-                    kind: Literal["done", "error"] = (
-                        "done" if view.status == "succeeded" else "error"
-                    )
-                    yield StreamItem(kind, view.output if kind == "done" else view.error, view)
+                    yield end_item(view)
                     return last_seq, True
             return last_seq, False
         return last_seq, False
@@ -224,6 +220,13 @@ def wait_dispatched(activator: Activator, call_id: str) -> CallView:
         if activator.s.clock() >= view.deadline_at:
             return activator._expire(view)
         seen = activator._wait(call_id, seen, view.deadline_at)
+
+
+def end_item(view: CallView) -> StreamItem:
+    """A final call as its stream's last item: ``done`` with its output, or ``error``."""
+    if view.status == "succeeded":
+        return StreamItem("done", view.output, view)
+    return StreamItem("error", view.error, view)
 
 
 def worker_port(session: Session, replica_id: str | None) -> tuple[str, str] | None:

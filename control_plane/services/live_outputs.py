@@ -58,6 +58,11 @@ class LiveCall:
             self._ended = True
         self._items.put(item)
 
+    def finish(self) -> None:
+        """The run is over: a fallback for a reader still waiting, unless it ended."""
+        if not self._ended:
+            self.put(LiveItem("fallback"))
+
     def get(self, timeout_s: float) -> LiveItem | None:
         """The next item, or None when ``timeout_s`` passed with none."""
         try:
@@ -96,8 +101,8 @@ class LiveOutputs:
         item reads the database from where it is."""
         with self._lock:
             live = self._calls.pop(call_id, None)
-        if live is not None and not live._ended:
-            live.put(LiveItem("fallback"))
+        if live is not None:
+            live.finish()
 
     def __len__(self) -> int:
         with self._lock:
