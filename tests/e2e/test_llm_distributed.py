@@ -61,9 +61,16 @@ def test_loadtest_through_a_cold_start_agrees_with_the_server(stack: Stack) -> N
         "--endpoint", "completions", "--slo-ttft-ms", "120000",
     )  # fmt: skip
     check_loadtest(doc, before, llm_metrics(stack))
-    assert doc["cold"]["calls"] >= 1 and doc["warm"]["calls"] >= 1, (doc["cold"], doc["warm"])
-    cold_ttft, warm_ttft = doc["cold"]["ttft_ms"]["p50"], doc["warm"]["ttft_ms"]["p50"]
-    assert cold_ttft > warm_ttft  # the cold ones waited for the replica to start
+    assert doc["cold"]["calls"] >= 1, doc["cold"]  # the first ones waited for the replica
+    # However long that start took, the replica is warm now: a second run is warm.
+    before = llm_metrics(stack)
+    warm = run_loadtest(
+        stack, FUNCTION, "--concurrency", "2", "--duration-s", "2", "--max-tokens", "12",
+        "--endpoint", "completions",
+    )  # fmt: skip
+    check_loadtest(warm, before, llm_metrics(stack))
+    assert warm["warm"]["calls"] >= 1 and warm["cold"]["calls"] == 0, warm["cold"]
+    assert doc["cold"]["ttft_ms"]["p50"] > warm["warm"]["ttft_ms"]["p50"]
     assert doc["goodput"]["share"] == 1.0
 
 
