@@ -114,6 +114,8 @@ def call_input(
         "seed": request.seed,
         "stop": request.stop_strings(),
     }
+    if request.ignore_eos:
+        out["ignore_eos"] = True
     if isinstance(request, ChatCompletionRequest):
         out["messages"] = [{"role": m.role, "content": m.text()} for m in request.messages]
     else:
@@ -186,7 +188,8 @@ DONE = b"data: [DONE]\n\n"
 
 class Stream:
     """One stream's chunks, as the call's outputs come (``chunks``), in OpenAI's
-    shape for chat (``chat.completion.chunk``) or text (``text_completion``)."""
+    shape for chat (``chat.completion.chunk``) or text (``text_completion``). With
+    ``continuous_usage_stats`` every chunk carries the usage so far, as vLLM sends it."""
 
     def __init__(
         self, request: ChatCompletionRequest | CompletionRequest, call_id: str | None = None
@@ -197,10 +200,14 @@ class Stream:
         self.id = prefix + (call_id or uuid.uuid4().hex)
         self.created = int(time.time())
         self.started = False
+        self.continuous = request.continuous_usage()
+        self.prompt_tokens = self.completion_tokens = 0
 
     def output(self, chunk: Any) -> list[bytes]:
         """The SSE events for one output of the call."""
         chunk = chunk if isinstance(chunk, dict) else {}
+        self.prompt_tokens = int(chunk.get("prompt_tokens", self.prompt_tokens))
+        self.completion_tokens += int(chunk.get("tokens", 0))
         events = []
         if self.chat and not self.started:
             events.append(self._chat(ChatDelta(role="assistant", content="")))
@@ -209,16 +216,29 @@ class Stream:
         if text:
             events.append(self._chat(ChatDelta(content=text)) if self.chat else self._text(text))
         if reason is not None:
+            usage = _usage(chunk)
+            self.prompt_tokens, self.completion_tokens = (
+                usage.prompt_tokens,
+                usage.completion_tokens,
+            )
             last = self._chat(ChatDelta(), reason) if self.chat else self._text("", reason)
             events.append(last)
             if self.request.include_usage():
-                events.append(self._usage(_usage(chunk)))
+                events.append(self._usage(usage))
         return events
+
+    def _so_far(self) -> Usage | None:
+        """The usage so far, for a chunk with choices (None: not asked for)."""
+        return Usage.of(self.prompt_tokens, self.completion_tokens) if self.continuous else None
 
     def _chat(self, delta: ChatDelta, reason: Any = None) -> bytes:
         choice = ChatChunkChoice(delta=delta, finish_reason=reason)
         chunk = ChatCompletionChunk(
-            id=self.id, created=self.created, model=self.request.model, choices=[choice]
+            id=self.id,
+            created=self.created,
+            model=self.request.model,
+            choices=[choice],
+            usage=self._so_far(),
         )
         body = chunk.model_dump(mode="json")
         body["choices"][0]["delta"] = delta.model_dump(exclude_none=True)  # as OpenAI sends it
@@ -227,7 +247,11 @@ class Stream:
     def _text(self, text: str, reason: Any = None) -> bytes:
         choice = CompletionChoice(text=text, finish_reason=reason)
         chunk = Completion(
-            id=self.id, created=self.created, model=self.request.model, choices=[choice]
+            id=self.id,
+            created=self.created,
+            model=self.request.model,
+            choices=[choice],
+            usage=self._so_far(),
         )
         return sse(chunk.model_dump_json())
 

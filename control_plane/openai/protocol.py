@@ -41,6 +41,9 @@ class ChatMessage(BaseModel):
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
+    # vLLM's extension, which load generators (guidellm) send: with include_usage,
+    # every chunk carries the usage so far
+    continuous_usage_stats: bool = False
 
 
 class _Generation(BaseModel):
@@ -64,6 +67,9 @@ class _Generation(BaseModel):
     logit_bias: dict[str, float] | None = None
     logprobs: Any = None
     top_logprobs: int | None = None
+    # vLLM's extension: generate max_tokens whatever the model's end of text (how load
+    # generators fix a request's output length)
+    ignore_eos: bool = False
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -71,6 +77,11 @@ class _Generation(BaseModel):
 
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    def continuous_usage(self) -> bool:
+        """Usage on every chunk (vLLM's ``continuous_usage_stats``, with include_usage)."""
+        options = self.stream_options
+        return options is not None and options.include_usage and options.continuous_usage_stats
 
     def unsupported(self) -> OpenAIError | None:
         """The first parameter set to something thaw does not do, as the 400 to send."""

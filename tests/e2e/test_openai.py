@@ -174,6 +174,38 @@ def stored_outputs(stack: Stack, call_id: str) -> list[tuple[int, Any]]:
         db.dispose()
 
 
+def test_a_load_generators_request_runs_to_max_tokens_with_usage_on_every_chunk(
+    stack: Stack,
+) -> None:
+    """guidellm's body: vLLM's ``ignore_eos`` and ``continuous_usage_stats``, ``stop: null``."""
+    body = {
+        "model": FUNCTION,
+        "prompt": "A load generator fixes the output length",
+        "max_tokens": 24,
+        "stop": None,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    headers = {"Authorization": f"Bearer {stack.admin_key}"}
+    with (
+        httpx.Client(base_url=stack.url, timeout=120) as c,
+        c.stream("POST", "/openai/v1/completions", json=body, headers=headers) as r,
+    ):
+        assert r.status_code == 200, r.read()
+        data = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data:")]
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    final = chunks[-1]
+    assert final["choices"] == [] and final["usage"]["completion_tokens"] == 24
+    with_choices = chunks[:-1]
+    assert all(c["usage"] is not None for c in with_choices), "a chunk came without usage"
+    so_far = [c["usage"]["completion_tokens"] for c in with_choices]
+    assert so_far == sorted(so_far) and so_far[-1] == 24
+    assert {c["usage"]["prompt_tokens"] for c in chunks} == {final["usage"]["prompt_tokens"]}
+    assert with_choices[-1]["choices"][0]["finish_reason"] == "length"
+
+
 def test_an_adapter_by_function_colon_adapter(stack: Stack) -> None:
     client = sdk(stack)
     args: dict[str, Any] = {"prompt": "Hello, world!", "max_tokens": 24, "temperature": 0}

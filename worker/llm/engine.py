@@ -87,6 +87,7 @@ class Sampling:
     top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None  # the same seed, prompt and values give the same tokens
+    ignore_eos: bool = False  # run to max_new_tokens past the model's end of text (load tests)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -192,7 +193,8 @@ class Engine:
         if not prompt_ids:
             raise EngineError("the prompt has no tokens")
         request_id = uuid.uuid4().hex
-        stop_ids = frozenset(self.eos_token_ids) | frozenset(sampling.stop_token_ids)
+        eos_ids = () if sampling.ignore_eos else self.eos_token_ids
+        stop_ids = frozenset(eos_ids) | frozenset(sampling.stop_token_ids)
         stream = _Stream(queue.Queue(), sampling, stop_ids)
         with self._lock:
             if self._closed.is_set():

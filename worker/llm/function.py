@@ -6,10 +6,12 @@ A call's input is what the OpenAI routes make of a request
 
     {"messages": [{"role": "user", "content": "Hi"}]}   or   {"prompt": "Once"}
     + "max_tokens" (None: all the context leaves), "temperature", "top_p",
-      "seed", "stop" (a list of strings)
+      "seed", "stop" (a list of strings), "ignore_eos" (true: run to max_tokens
+      past the model's end of text, as load generators ask)
 
 A streaming call yields ``{"text": delta, "tokens": n}`` as tokens are made, the
-last with ``"finish_reason"`` and ``"usage"``; any other call returns
+first also with ``"prompt_tokens"``, the last with ``"finish_reason"`` and
+``"usage"``; any other call returns
 ``{"text": all of it, "tokens": n, "finish_reason": ..., "usage": {...}}``. Either way the call's
 ``usage`` has its prompt and completion tokens and its ``timings_ms``, all measured
 here where tokens are made, from the call's start in the replica: ``engine_queue``
@@ -57,12 +59,13 @@ class LLMFunction:
             temperature=request["temperature"],
             top_p=request["top_p"],
             seed=request["seed"],
+            ignore_eos=request["ignore_eos"],
         )
         call.usage["prompt_tokens"] = len(prompt)
         call.usage["completion_tokens"] = 0
         deltas = _timed(llm.stream(prompt, sampling, request["stop"], call.adapter), started, call)
         if call.stream:
-            return (_chunk(d, call.usage) for d in deltas)
+            return (_chunk(d, call.usage, i == 0) for i, d in enumerate(deltas))
         text, tokens, reason = [], 0, None
         for delta in deltas:
             text.append(delta.text)
@@ -90,9 +93,13 @@ class LLMFunction:
             self.llm.close()
 
 
-def _chunk(delta: TextDelta, usage: dict[str, int]) -> dict[str, Any]:
-    """A stream's output; the last has the finish reason and the call's usage."""
+def _chunk(delta: TextDelta, usage: dict[str, int], first: bool) -> dict[str, Any]:
+    """A stream's output; the first has the prompt's tokens (usage on every chunk,
+    ``stream_options.continuous_usage_stats``, needs them), the last the finish reason
+    and the call's usage."""
     chunk: dict[str, Any] = {"text": delta.text, "tokens": delta.tokens}
+    if first:
+        chunk["prompt_tokens"] = usage["prompt_tokens"]
     if delta.finish_reason is not None:
         chunk["finish_reason"] = delta.finish_reason
         chunk["usage"] = dict(usage)
@@ -170,6 +177,10 @@ def _request(input: Any) -> dict[str, Any]:
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise LLMRequestError('"stop" is a list of strings')
     out["stop"] = stop
+    ignore_eos = input.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise LLMRequestError('"ignore_eos" is true or false')
+    out["ignore_eos"] = ignore_eos
     return out
 
 

@@ -3,10 +3,12 @@ thaw does not implement is refused as OpenAI would, naming the parameter."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from control_plane.openai.calls import Stream
 from control_plane.openai.errors import OpenAIError, model_not_found
 from control_plane.openai.protocol import (
     ChatCompletionRequest,
@@ -43,6 +45,55 @@ def test_token_limits_and_stream_options() -> None:
     assert parse_request(ChatCompletionRequest, streamed).include_usage()
     req = parse_request(ChatCompletionRequest, {**CHAT, "stop": "\n", "seed": 3, "temperature": 0})
     assert (req.stop_strings(), req.seed, req.temperature) == (["\n"], 3, 0)
+
+
+def test_vllm_extensions_load_generators_send() -> None:
+    """guidellm's text request: ``ignore_eos``, ``stop: null``, usage on every chunk."""
+    body = {
+        "model": "m",
+        "prompt": "x",
+        "max_tokens": 32,
+        "stop": None,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    req = parse_request(CompletionRequest, body)
+    assert req.ignore_eos and req.continuous_usage() and req.stop_strings() == []
+    alone = {**body, "stream_options": {"continuous_usage_stats": True}}
+    assert not parse_request(CompletionRequest, alone).continuous_usage()  # needs include_usage
+    assert not parse_request(CompletionRequest, {"model": "m", "prompt": "x"}).ignore_eos
+    with pytest.raises(OpenAIError) as caught:
+        parse_request(CompletionRequest, {**body, "ignore_eos": "sometimes"})
+    assert caught.value.param == "ignore_eos"
+
+
+def test_a_stream_with_continuous_usage_counts_tokens_as_they_come() -> None:
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    outputs = [
+        {"text": "He", "tokens": 2, "prompt_tokens": 5},
+        {"text": "llo", "tokens": 1},
+        {
+            "text": "",
+            "tokens": 1,
+            "finish_reason": "length",
+            "usage": {"prompt_tokens": 5, "completion_tokens": 4},
+        },
+    ]
+
+    def events(options: dict[str, Any]) -> list[dict[str, Any]]:
+        request = parse_request(ChatCompletionRequest, {**body, "stream_options": options})
+        stream = Stream(request, "c1")
+        sent = [e for out in outputs for e in stream.output(out)]
+        return [json.loads(e.decode().removeprefix("data: ")) for e in sent]
+
+    continuous = events({"include_usage": True, "continuous_usage_stats": True})
+    usage = [(c["usage"]["prompt_tokens"], c["usage"]["completion_tokens"]) for c in continuous]
+    # role, "He", "llo", the finish, the usage chunk
+    assert usage == [(5, 2), (5, 2), (5, 3), (5, 4), (5, 4)]
+    assert continuous[-1]["choices"] == [] and continuous[-1]["usage"]["total_tokens"] == 9
+    plain = events({"include_usage": True})
+    assert [c["usage"] for c in plain[:-1]] == [None] * 4 and plain[-1]["usage"] is not None
 
 
 @pytest.mark.parametrize(

@@ -211,3 +211,21 @@ def test_bad_requests_are_refused(engine: Engine) -> None:
             Sampling(4, seed=seed)
     assert Sampling(4, seed=2**63 - 1).processor_kwargs(VOCAB)["seed"] == 2**63 - 1
     assert "seed" not in Sampling(4).processor_kwargs(VOCAB)
+
+
+def test_ignore_eos_runs_past_the_end_of_text(model: Any) -> None:
+    """The third greedy token made the end of text: a request stops there, one with
+    ``ignore_eos`` runs on to max_new_tokens with the same tokens up to it."""
+    prompt = _prompts()[1]
+    greedy = _alone(model, prompt, 12)
+    eos = greedy[2]
+    sizes = EngineSizes(max_num_seqs=2, max_batch_tokens=128, kv_cache_bytes=1 << 20)
+    engine = Engine(model, sizes, eos_token_ids=[eos])
+    try:
+        stopped, reason = _run(engine, prompt, Sampling(max_new_tokens=12))
+        assert (stopped, reason) == (greedy[: greedy.index(eos) + 1], "stop")
+        ran_on, reason = _run(engine, prompt, Sampling(max_new_tokens=12, ignore_eos=True))
+        assert (len(ran_on), reason) == (12, "length")
+        assert ran_on[: len(stopped)] == stopped
+    finally:
+        engine.close()
