@@ -24,7 +24,8 @@ class Row:
     temperature: str
     method: str  # the trial function in bench._load_methods
     label: str
-    files: str  # which files cold/warm applies to: model | tensorizer | thaw_cache | none
+    files: str  # which files cold/warm applies to: model | tensorizer | thaw_cache |
+    # thaw_store | none
     device: str = "cpu"
     needs_gpu: bool = False
     needs_module: str | None = None
@@ -42,9 +43,11 @@ CATALOG: tuple[Row, ...] = (
     *_both("read", "read", "raw read ceiling (parallel preadv)", "model"),
     Row("memcpy", MEMORY, "memcpy", "memcpy ceiling (RAM to fresh RAM)", "none"),
     *_both("safetensors", "safetensors", "safetensors load_file + clone", "model"),
+    *_both("mmap", "mmap", "safetensors mmap, every page touched", "model"),
     *_both("runai", "runai", "Run:ai Model Streamer", "model", needs_module="runai_model_streamer"),
     *_both("tensorizer", "tensorizer", "tensorizer TensorDeserializer", "tensorizer",
            needs_module="tensorizer"),
+    Row("thaw-store", COLD, "thaw", "thaw from the local store, empty cache", "thaw_store"),
     *_both("thaw", "thaw", "thaw from disk cache", "thaw_cache"),
     Row("thaw-ram", MEMORY, "thaw", "thaw from host-RAM tier (tmpfs)", "none"),
     Row("boto3-s3", S3, "boto3", "boto3 download_file + load_file", "none"),
@@ -104,6 +107,9 @@ RATIOS: tuple[Ratio, ...] = (
     Ratio("thaw RAM tier vs tensorizer warm", "thaw-ram/memory", "tensorizer/warm", 3.0),
     Ratio("thaw cold vs raw read cold", "thaw/cold", "read/cold", 0.9),
     Ratio("thaw S3 vs boto3 + load_file", "thaw-s3/s3", "boto3-s3/s3", 1.5),
+    Ratio("thaw warm vs safetensors warm", "thaw/warm", "safetensors/warm", 1.0),
+    Ratio("thaw warm vs safetensors mmap warm", "thaw/warm", "mmap/warm", 1.0),
+    Ratio("thaw from store vs safetensors cold", "thaw-store/cold", "safetensors/cold", 1.0),
 )
 
 

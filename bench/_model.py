@@ -174,7 +174,8 @@ def _config_json(shape: Shape, n_layers: int) -> dict[str, object]:
     }
 
 
-def _checksum_files(paths: list[Path]) -> tuple[int, int]:
+def checksum_files(paths: list[Path]) -> tuple[int, int]:
+    """``tensor_checksum`` of every tensor in the files (summed mod 2**64), and their count."""
     from safetensors.torch import load_file
 
     acc = n = 0
@@ -198,7 +199,7 @@ def ensure_model(data_dir: Path, size_mb: int, *, seed: int = 0) -> ModelInfo:
     paths = _write_shards(directory, tensors, seed)
     n_layers = sum(1 for n in tensors if n.endswith("input_layernorm.weight"))
     (directory / "config.json").write_text(json.dumps(_config_json(shape, n_layers), indent=2))
-    checksum, n_tensors = _checksum_files(paths)
+    checksum, n_tensors = checksum_files(paths)
     info = ModelInfo(
         directory=str(directory.resolve()),
         files=[str(p.resolve()) for p in paths],

@@ -2,6 +2,12 @@
 
     python bench/load.py [--size-mb 1024] [--trials 5] [--methods thaw,runai,...]
                          [--quick] [--json PATH|-] [--data-dir bench/.data]
+    python bench/load.py --model DIR [--trials 5] [--methods ...] [--keep] [--json PATH|-]
+
+``--model`` measures a Hugging Face model directory's own safetensors files
+instead of a synthetic Llama (checked first: ``bench._user_model``); the store,
+disk cache, tensorizer file and scratch space it makes are under a directory of
+``--data-dir`` that is removed at the end unless ``--keep``.
 
 Every trial is a fresh process (``bench._load_methods``); trials are
 interleaved round-robin over the rows. How each row is measured, and what
@@ -48,6 +54,8 @@ class Options:
     json: str | None
     data_dir: Path
     drop: str  # "auto" (drop_caches when allowed, else fadvise) | "fadvise"
+    model: Path | None = None
+    keep: bool = False
 
 
 def parse_args(argv: list[str]) -> Options:
@@ -59,7 +67,13 @@ def parse_args(argv: list[str]) -> Options:
     p.add_argument("--json", default=None, metavar="PATH", help="write results; '-' = stdout")
     p.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parent / ".data")
     p.add_argument("--drop", choices=["auto", "fadvise"], default="auto")
+    p.add_argument("--model", type=Path, default=None, help="a Hugging Face model directory")
+    p.add_argument("--keep", action="store_true", help="keep the --model run's store and cache")
     a = p.parse_args(argv)
+    if a.model is not None and (a.size_mb is not None or a.quick):
+        p.error("--model measures that model: --size-mb and --quick do not apply")
+    if a.keep and a.model is None:
+        p.error("--keep goes with --model")
     trials = a.trials if a.trials is not None else (1 if a.quick else DEFAULT_TRIALS)
     if trials < 1:
         p.error("--trials must be at least 1")
@@ -67,7 +81,7 @@ def parse_args(argv: list[str]) -> Options:
         a.size_mb if a.size_mb is not None else (QUICK_SIZE_MB if a.quick else DEFAULT_SIZE_MB)
     )
     methods = [m.strip() for m in a.methods.split(",") if m.strip()] if a.methods else None
-    return Options(size_mb, trials, methods, a.quick, a.json, a.data_dir, a.drop)
+    return Options(size_mb, trials, methods, a.quick, a.json, a.data_dir, a.drop, a.model, a.keep)
 
 
 @dataclass
@@ -90,6 +104,8 @@ class BenchEnv:
             return [self.tensorizer_file]
         if row.files == "thaw_cache" and self.thaw_cache:
             return files_under([self.thaw_cache])
+        if row.files == "thaw_store" and self.thaw_store:
+            return files_under([Path(self.thaw_store["url"])])
         return []
 
 
@@ -131,18 +147,46 @@ def _setup_s3(env: BenchEnv, stack: ExitStack, rows: list[Row], console: Console
         push_model(env.model.directory, env.thaw_s3_store)
 
 
+def _user_model(opts: Options, stack: ExitStack, console: Console) -> tuple[ModelInfo, Path]:
+    """The ``--model`` directory checked and described, and the run's own work directory
+    (removed at the end unless ``--keep``). Raises ``BadInput`` before anything is made."""
+    from bench._user_model import GIB, check_model, check_room, model_info
+
+    assert opts.model is not None
+    checked = check_model(opts.model)
+    # Store, disk cache, tensorizer file, S3 objects (raw and thaw's), a boto3 download;
+    # in RAM a trial's copy, the memcpy row's two, the RAM tier and the S3 server's.
+    work = opts.data_dir / f"load-model-{os.getpid()}"
+    check_room(work, 6 * checked.weight_bytes + GIB // 4, 5 * checked.weight_bytes + GIB)
+    console.log(f"model: {checked.root} ({checked.weight_bytes / 1e6:.0f} MB in "
+                f"{len(checked.shards)} files); reading it once for its checksum")  # fmt: skip
+    info = model_info(checked)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    if opts.keep:
+        stack.callback(console.log, f"kept: {work} (store, cache, tensorizer file)")
+    else:
+        stack.callback(shutil.rmtree, work, ignore_errors=True)
+    return info, work
+
+
 def setup(opts: Options, rows: list[Row], stack: ExitStack, console: Console) -> BenchEnv:
     opts.data_dir.mkdir(parents=True, exist_ok=True)
-    console.log(f"model: {opts.size_mb} MiB of bf16 Llama-shaped shards under {opts.data_dir}")
-    scratch = opts.data_dir / "scratch"
+    if opts.model is not None:
+        model, work = _user_model(opts, stack, console)
+    else:
+        console.log(f"model: {opts.size_mb} MiB of bf16 Llama-shaped shards under {opts.data_dir}")
+        model, work = ensure_model(opts.data_dir, opts.size_mb), opts.data_dir
+    scratch = work / "scratch"
     shutil.rmtree(scratch, ignore_errors=True)
-    env = BenchEnv(model=ensure_model(opts.data_dir, opts.size_mb), scratch=scratch)
+    env = BenchEnv(model=model, scratch=scratch)
     families = {r.family for r in rows}
     if "tensorizer" in families:
-        env.tensorizer_file = ensure_tensorizer_file(env.model, opts.data_dir)
-    if families & {"thaw", "thaw-cuda", "thaw-ram"}:
+        console.log("writing the model's tensorizer file")
+        env.tensorizer_file = ensure_tensorizer_file(env.model, work)
+    if families & {"thaw", "thaw-cuda", "thaw-ram", "thaw-store"}:
         console.log("pushing the model to thaw's local store and filling its disk cache")
-        _setup_thaw_local(env, opts.data_dir)
+        _setup_thaw_local(env, work)
     if "thaw-ram" in families:
         console.log("filling thaw's host-RAM tier")
         _setup_ram_tier(env, stack)
@@ -175,6 +219,8 @@ def trial_spec(row: Row, env: BenchEnv, trial: int) -> Iterator[dict[str, Any]]:
     }
     if row.family == "boto3-s3" and env.raw_s3:
         spec.update(s3=env.raw_s3.spec(), scratch_dir=str(scratch))
+    elif row.family == "thaw-store" and env.thaw_store:
+        spec.update(_thaw_spec(env, env.thaw_store, scratch / "cache", row.device))
     elif row.family == "thaw-s3" and env.thaw_s3_store:
         spec.update(_thaw_spec(env, env.thaw_s3_store, scratch / "cache", row.device))
     elif row.method == "thaw" and env.thaw_store and env.thaw_cache:
@@ -236,8 +282,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     skipped = {r.key: reason for r in chosen if (reason := skip_reason(r, has_cuda=has_cuda))}
     runnable = [r for r in chosen if r.key not in skipped]
+    from bench._user_model import BadInput
+
     with ExitStack() as stack:
-        env = setup(opts, runnable, stack, console)
+        try:
+            env = setup(opts, runnable, stack, console)
+        except BadInput as exc:
+            Console(stderr=True).print(f"[red]{exc}[/red]")
+            return 2
         records = run_trials(runnable, env, opts, console)
     doc = report.build_document(opts.__dict__, env.model, chosen, records, skipped)
     report.print_report(doc, console)
