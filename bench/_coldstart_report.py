@@ -25,6 +25,7 @@ from bench._common import Column, TableSpec, markdown_table, median_phases, perc
 LABELS = {
     "naive": "naive: fresh process, torch+transformers, from_pretrained, forward",
     "thaw_pool_hit": "thaw cold start, pool hit, weights in disk cache",
+    "thaw_ram_tier": "thaw cold start, pool hit, weights in the host-RAM tier",
     "thaw_pool_miss": "thaw cold start, pool miss (fork of the zygote), weights in disk cache",
     "thaw_pool_miss_spawn": "thaw cold start, pool miss, no zygote (a new interpreter)",
     "boto3_s3": "boto3 download, then from_pretrained + forward",
@@ -33,7 +34,8 @@ LABELS = {
     "adapter_switch_call": "warm call switching adapter (rank 16)",
     "adapter_switch": "adapter switch (set_adapter, measured in the replica)",
 }
-SCENARIOS = tuple(LABELS)
+# The example run's rows (``--model DIR`` runs ``bench._coldstart_model.ROWS``).
+SCENARIOS = tuple(k for k in LABELS if k != "thaw_ram_tier")
 
 
 @dataclass(frozen=True)
@@ -79,9 +81,11 @@ def trace_summary(samples: Sequence[Sample]) -> dict[str, Any]:
     }
 
 
-def ratios(scenarios: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def ratios(
+    scenarios: dict[str, dict[str, Any]], targets: Sequence[Target] = TARGETS
+) -> list[dict[str, Any]]:
     out = []
-    for t in TARGETS:
+    for t in targets:
         num = scenarios.get(t.numerator)
         den = scenarios.get(t.denominator) if t.denominator else None
         if num is None or (t.denominator and den is None):
@@ -131,7 +135,7 @@ def scenario_table(doc: dict[str, Any]) -> TableSpec:
             Column("phase medians, ms (largest)", "left"),
         ],
     )
-    for key in SCENARIOS:
+    for key in LABELS:
         s = doc["scenarios"].get(key)
         if s is None:
             continue

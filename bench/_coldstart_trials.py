@@ -10,6 +10,11 @@
 - ``boto3``: the same, after downloading every file of the model from S3
   with boto3 into an empty directory.
 
+The model keeps its checkpoint's dtype (transformers' default, ``dtype="auto"``).
+With ``spec["forward_ids"]`` (a user's model, ``--model DIR``) the forward pass
+runs on fixed token ids instead of the tokenizer's (a model directory need not
+hold a tokenizer); ``bench/causal_lm_fn`` does the same.
+
 ``spec["spawned_at"]`` is the parent's ``time.time()`` just before it started
 this process, so ``total_s`` includes interpreter start, like a thaw cold
 start includes everything from the request on. Phase times are reported too.
@@ -53,18 +58,23 @@ def _download(spec: dict[str, Any], into: Path) -> int:
     return total_bytes
 
 
-def _load_and_forward(model_dir: Path) -> dict[str, float]:
-    """``from_pretrained`` + tokenizer + one forward pass; phase seconds."""
+def _load_and_forward(model_dir: Path, forward_ids: bool = False) -> dict[str, float]:
+    """``from_pretrained`` + tokenizer (or fixed ids) + one forward pass; phase seconds."""
     t0 = time.perf_counter()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t1 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()  # the checkpoint's dtype
+    if forward_ids:
+        from bench.causal_lm_fn.app import forward_ids as fixed_ids
+
+        ids = fixed_ids(model.config.vocab_size)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        ids = tokenizer(PROMPT, return_tensors="pt").input_ids
     t2 = time.perf_counter()
     with torch.inference_mode():
-        ids = tokenizer(PROMPT, return_tensors="pt").input_ids
         model(input_ids=ids)
     t3 = time.perf_counter()
     return {"imports_s": t1 - t0, "load_s": t2 - t1, "forward_s": t3 - t2}
@@ -73,7 +83,7 @@ def _load_and_forward(model_dir: Path) -> dict[str, float]:
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     phases: dict[str, float] = {}
     if spec["method"] == "naive":
-        phases.update(_load_and_forward(Path(spec["model_dir"])))
+        phases.update(_load_and_forward(Path(spec["model_dir"]), bool(spec.get("forward_ids"))))
     elif spec["method"] == "boto3":
         with tempfile.TemporaryDirectory(dir=spec.get("scratch")) as tmp:
             t0 = time.perf_counter()

@@ -1,6 +1,10 @@
 """Cold-start benchmark: thaw's cold, warm and adapter paths against a naive load, in one run.
 
     python bench/coldstart.py [--trials 5] [--quick] [--json] [--png PATH] [--data-dir DIR]
+    python bench/coldstart.py --model DIR [--adapter DIR ...] [--trials 5] [--keep] [--json]
+
+With ``--model`` the table is for that Hugging Face model directory and its PEFT
+adapters instead of the example: ``bench._coldstart_model``. Without it:
 
 thaw runs as real processes (``thaw server`` + ``thaw worker``, SQLite and the
 filesystem broker) in four installations, all up for the whole run:
@@ -72,6 +76,9 @@ class Options:
     json: bool
     png: Path
     data_dir: Path
+    model: Path | None = None
+    adapters: tuple[Path, ...] = ()
+    keep: bool = False
 
     @property
     def warm_calls(self) -> int:
@@ -100,12 +107,18 @@ def parse_args(argv: list[str]) -> Options:
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     p.add_argument("--png", type=Path, default=None, help="chart path (<data-dir>/coldstart.png)")
     p.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parent / ".data")
+    p.add_argument("--model", type=Path, default=None, help="a Hugging Face model directory")
+    p.add_argument("--adapter", type=Path, action="append", default=[], help="a PEFT adapter")
+    p.add_argument("--keep", action="store_true", help="keep the --model run's scratch store")
     a = p.parse_args(argv)
     trials = a.trials if a.trials is not None else (1 if a.quick else 5)
     if trials < 1:
         p.error("--trials must be at least 1")
+    if a.model is None and (a.adapter or a.keep):
+        p.error("--adapter and --keep go with --model")
     png = a.png or a.data_dir / "coldstart.png"
-    return Options(trials, a.quick, a.json, png, a.data_dir)
+    model = (a.model, tuple(a.adapter), a.keep)
+    return Options(trials, a.quick, a.json, png, a.data_dir, *model)
 
 
 @dataclass
@@ -306,9 +319,44 @@ def _bundle(env: Env) -> str:
         return str(r.json()["spec"]["bundle"])
 
 
+def run_model(opts: Options, console: Console) -> dict[str, Any]:
+    """The ``--model`` run: its rows, with a progress bar over the trials."""
+    from bench._coldstart_model import ROWS, ModelRun, measure
+
+    assert opts.model is not None
+    spec = ModelRun(opts.model, list(opts.adapters), opts.trials, opts.keep, opts.data_dir)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("checking the model", total=opts.trials * len(ROWS))
+
+        def say(text: str) -> None:
+            progress.update(task, description=text)
+            if not console.is_terminal:  # no live bar in a log: one line per step
+                console.log(text)
+
+        return measure(spec, say, lambda: progress.advance(task))
+
+
+def main_model(opts: Options, console: Console) -> int:
+    from bench._user_model import BadInput
+
+    try:
+        doc = run_model(opts, console)
+    except BadInput as exc:
+        Console(stderr=True).print(f"[red]{exc}[/red]")
+        return 2
+    for table in (report.scenario_table(doc), report.ratio_table(doc)):
+        render_table(table, console)
+    if opts.json:
+        write_json(doc, "-")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(sys.argv[1:] if argv is None else argv)
     console = Console(stderr=opts.json)
+    if opts.model is not None:
+        return main_model(opts, console)
     doc = run(opts, console)
     for table in (report.scenario_table(doc), report.trace_table(doc), report.ratio_table(doc)):
         render_table(table, console)

@@ -1,6 +1,8 @@
 """``thaw bench``: the benchmarks in ``bench/``, run from a checkout of the repository.
 
     thaw bench coldstart [--trials N] [--json] [--png PATH] [--quick]
+    thaw bench coldstart --model DIR [--adapter DIR ...] [--trials N] [--keep] [--json]
+    thaw bench load [--model DIR] [--trials N] [--methods ...] [--keep] [--json PATH|-]
     thaw bench llm [--model DIR] [--quick] [--streams 1,8,32] [--json PATH] ...
 
 They start their own thaw installations (server + worker processes) and
@@ -34,8 +36,21 @@ def coldstart(
     quick: Annotated[
         bool, typer.Option("--quick", help="tiny model, one trial: a smoke run")
     ] = False,
+    model: Annotated[
+        Path | None, typer.Option(help="a Hugging Face model directory (default: the example)")
+    ] = None,
+    adapter: Annotated[
+        list[Path] | None, typer.Option(help="a PEFT adapter of --model (repeatable)")
+    ] = None,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="keep the --model run's scratch store and caches")
+    ] = False,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="where models and scratch go (bench/.data)")
+    ] = None,
 ) -> None:
-    """Cold starts: naive vs thaw (pool hit, pool miss, S3), warm calls, adapter switch, trace."""
+    """Cold starts: naive vs thaw (pool hit, pool miss, S3), warm calls, adapter switch, trace;
+    with --model, naive vs thaw's pool miss, pool hit and RAM tier for that model."""
     if not (REPO_ROOT / "bench" / "coldstart.py").is_file():
         raise fail(f"{REPO_ROOT / 'bench'} is missing: run `thaw bench` from a thaw checkout")
     if str(REPO_ROOT) not in sys.path:
@@ -45,6 +60,50 @@ def coldstart(
     argv = [*(["--trials", str(trials)] if trials is not None else [])]
     argv += [*(["--png", str(png)] if png is not None else [])]
     argv += [*(["--json"] if json else []), *(["--quick"] if quick else [])]
+    argv += [*(["--model", str(model)] if model is not None else []), *(["--keep"] if keep else [])]
+    for path in adapter or []:
+        argv += ["--adapter", str(path)]
+    argv += [*(["--data-dir", str(data_dir)] if data_dir is not None else [])]
+    raise typer.Exit(main(argv))
+
+
+@app.command("load")
+def load(
+    model: Annotated[
+        Path | None, typer.Option(help="a Hugging Face model directory (default: synthetic)")
+    ] = None,
+    trials: Annotated[int | None, typer.Option(help="trials per row (5; 1 with --quick)")] = None,
+    methods: Annotated[
+        str | None, typer.Option(help="comma-separated rows or families (default: all)")
+    ] = None,
+    size_mb: Annotated[
+        int | None, typer.Option(help="synthetic model size without --model (1024)")
+    ] = None,
+    json: Annotated[
+        str | None, typer.Option("--json", help="write the figures as JSON to PATH (- stdout)")
+    ] = None,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="keep the --model run's store, cache and files")
+    ] = False,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="tiny synthetic model, one trial: a smoke run")
+    ] = False,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="where models and scratch go (bench/.data)")
+    ] = None,
+) -> None:
+    """Loaders: thaw (store, disk cache, RAM tier) vs safetensors, mmap, installed peers,
+    raw read and memcpy ceilings: GB/s and ratios."""
+    if not (REPO_ROOT / "bench" / "load.py").is_file():
+        raise fail(f"{REPO_ROOT / 'bench'} is missing: run `thaw bench` from a thaw checkout")
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    from bench.load import main
+
+    options = {"--model": model, "--trials": trials, "--methods": methods}
+    options |= {"--size-mb": size_mb, "--json": json, "--data-dir": data_dir}
+    argv = [x for k, v in options.items() if v is not None for x in (k, str(v))]
+    argv += [*(["--keep"] if keep else []), *(["--quick"] if quick else [])]
     raise typer.Exit(main(argv))
 
 
