@@ -119,6 +119,9 @@ def loadtest(
     max_tokens: Annotated[int, typer.Option(min=1, help="LLM: tokens each call asks for")] = 64,
     endpoint: Annotated[str, typer.Option(help="LLM: chat | completions")] = "chat",
     temperature: Annotated[float, typer.Option(min=0.0, help="LLM: sampling temperature")] = 1.0,
+    ignore_eos: Annotated[
+        bool, typer.Option(help="LLM: every call makes --max-tokens tokens, past end of text")
+    ] = False,
     slo_ttft_ms: Annotated[
         float | None, typer.Option(min=0.0, help="LLM goodput: time to first token at most")
     ] = None,
@@ -134,10 +137,17 @@ def loadtest(
     if not settings.api_key:
         raise fail("no API key: set THAW_API_KEY (an admin key also lets it sample /metrics)")
     asked = dict(prompt=prompt, prompts=prompts, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
+    asked["ignore_eos"] = ignore_eos or None
     llm = _llm_load(
         Target(settings.server_url, settings.api_key, name),
         [f"--{k.replace('_', '-')}" for k, v in asked.items() if v is not None],
-        LlmLoad(name, max_tokens=max_tokens, endpoint=_endpoint(endpoint), temperature=temperature),
+        LlmLoad(
+            name,
+            max_tokens=max_tokens,
+            endpoint=_endpoint(endpoint),
+            temperature=temperature,
+            ignore_eos=ignore_eos,
+        ),
         prompt,
         prompts,
         data,
@@ -149,6 +159,7 @@ def loadtest(
         params.update(
             llm=True, model=name, stream=True, endpoint=llm.endpoint, max_tokens=llm.max_tokens
         )
+        params["ignore_eos"] = llm.ignore_eos
     if concurrency is not None:
         load = partial(_closed, target, concurrency, duration_s)
         params["concurrency"] = concurrency

@@ -49,6 +49,7 @@ class LlmLoad:
     max_tokens: int = 64
     endpoint: Endpoint = "chat"
     temperature: float = 1.0
+    ignore_eos: bool = False  # every call makes max_tokens tokens (vLLM's extension)
 
     def body(self, i: int) -> dict[str, Any]:
         prompt = self.prompts[i % len(self.prompts)]
@@ -60,6 +61,8 @@ class LlmLoad:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if self.ignore_eos:
+            body["ignore_eos"] = True
         if self.endpoint == "chat":
             body["messages"] = [{"role": "user", "content": prompt}]
         else:

@@ -128,6 +128,8 @@ def test_llm_request_body_rotates_prompts_and_seeds() -> None:
     assert first["stream"] and first["stream_options"] == {"include_usage": True}
     text = LlmLoad("chat", prompts=("a", "b"), endpoint="completions")
     assert text.body(1)["prompt"] == "b" and text.path == "/openai/v1/completions"
+    assert "ignore_eos" not in first
+    assert LlmLoad("chat", ignore_eos=True).body(0)["ignore_eos"] is True
 
 
 def test_tpot_is_the_mean_gap_after_the_first_token() -> None:

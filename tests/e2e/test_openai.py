@@ -365,11 +365,12 @@ def test_loadtest_drives_the_openai_routes_and_agrees_with_the_server(stack: Sta
     doc = run_loadtest(
         stack,
         f"{FUNCTION}:pirate",
-        "--concurrency", "3", "--duration-s", "2", "--max-tokens", "16",
+        "--concurrency", "3", "--duration-s", "2", "--max-tokens", "16", "--ignore-eos",
         "--slo-ttft-ms", "60000", "--slo-tpot-ms", "10000",
     )  # fmt: skip
     check_loadtest(doc, before, llm_metrics(stack))
     assert doc["model"] == f"{FUNCTION}:pirate" and doc["concurrency"] == 3
+    assert doc["completion_tokens"] == 16 * doc["calls"]  # --ignore-eos: all of max_tokens
     assert doc["goodput"]["share"] == 1.0  # SLOs no call here can miss
 
 
