@@ -2,7 +2,8 @@
 
 Layout under ``CacheConfig.directory``::
 
-    chunks/<hex[:2]>/<hex>     a framed chunk, byte-identical to the store's object
+    chunks/<hex[:2]>/<hex>     an entry: a chunk's bytes behind a header that records their
+                               checksum (``snapshotter.cache_entry``)
     chunks/<hex[:2]>/.tmp-*    a write in progress (removed on error, ignored on scan)
     manifests/<hex>            a manifest's canonical JSON (immutable, tiny, not evicted)
 
@@ -15,14 +16,18 @@ Contracts:
 - A reader never sees a partial entry: writes go to a temp file that is
   renamed into place. On any error the temp file is removed; ENOSPC raises
   ``CacheFullError``.
-- The cache does not verify digests; its caller (``snapshotter.source``)
-  hashes every chunk it reads and calls ``drop`` on a mismatch. The cache
-  checks only the frame header against the declared size.
-- The loader writes entries raw-framed (``put_raw``) whatever the store's
-  codec, trading disk for a hit that is a plain ``readinto``; ``read_into``
-  also decodes zstd-framed entries (``put``).
+- Every entry records the checksum (xxh3) of its raw bytes, computed by the
+  writer from bytes it verified against their digest, in the same file.
+  The cache does not check bytes: ``read_into`` returns the recorded
+  checksum and its caller (``snapshotter.source``) compares it, or the
+  digest for an older entry that records none (then ``record``s one), and
+  calls ``drop`` on a mismatch. The cache checks only the header against the
+  declared size and the entry's length.
+- The loader writes entries raw (``put_raw``) whatever the store's codec,
+  trading disk for a hit that is a plain ``readinto``; ``read_into`` also
+  decodes zstd entries (``put``).
 - Entries are not fsynced: a crash can leave a truncated or stale entry, which
-  verification on read catches and replaces from the store.
+  the check on read catches and replaces from the store.
 - Thread-safe within a process. Several processes may read the same
   directory; each keeps its own index (``refresh`` rescans).
 """
@@ -39,9 +44,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from snapshotter import codec
+from snapshotter import cache_entry, codec
 from snapshotter.config import CacheConfig
-from snapshotter.digest import digest_bytes, hex_part
+from snapshotter.digest import checksum_bytes, digest_bytes, hex_part
 from snapshotter.errors import CacheFullError, IntegrityError, StoreError
 from snapshotter.manifest import ChunkRef, Manifest
 
@@ -52,6 +57,14 @@ _TMP_PREFIX = ".tmp-"
 class CacheEntry:
     size_bytes: int
     last_used_ns: int
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    """A chunk read from the cache: ``checksum`` is what its entry recorded at insert,
+    None for an older entry that records none (its bytes are then untrusted)."""
+
+    checksum: int | None
 
 
 @dataclass(frozen=True)
@@ -159,40 +172,33 @@ class DiskCache:
             return sum(c.size for d, c in manifest.unique_chunks().items() if d in self._entries)
 
     # --- reads ---------------------------------------------------------------
-    def read_into(self, chunk: ChunkRef, dest: memoryview) -> bool:
-        """Decode a cached chunk into ``dest``; False on a miss.
+    def read_into(self, chunk: ChunkRef, dest: memoryview) -> CacheHit | None:
+        """Decode a cached chunk into ``dest``; None on a miss.
 
-        Raw entries are read straight into ``dest`` after the frame header (no
-        intermediate buffer). The digest is NOT checked here. Raises
-        ``IntegrityError`` when the entry's frame is wrong; ``dest`` is then
-        undefined and the caller should ``drop`` the entry.
+        Raw entries are read straight into ``dest`` after the header (no
+        intermediate buffer). The bytes are NOT checked here: the caller
+        compares them with the hit's checksum. Raises ``IntegrityError`` when
+        the entry's header or length is wrong; ``dest`` is then undefined and
+        the caller should ``drop`` the entry.
         """
         try:
             f = open(self.path(chunk.digest), "rb", buffering=0)  # noqa: SIM115
         except FileNotFoundError:
             self._forget(chunk.digest)
-            return False
+            return None
         with f:
             # One sequential pass: ask for aggressive readahead.
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            header = f.read(codec.HEADER_SIZE)
-            kind, _ = codec.read_header(header, chunk.size)
+            kind, extended = cache_entry.read_frame(f.read(codec.HEADER_SIZE), chunk.size)
+            checksum = None
+            if extended:
+                checksum = cache_entry.read_extension(f.read(cache_entry.EXTENSION.size))
             if kind is codec.Codec.RAW:
                 _readinto_exact(f, dest, chunk.digest)
             else:
-                codec.decode_into(header + f.read(), dest, chunk.size)
+                codec.decode_payload_into(kind, memoryview(f.read()), dest)
         self._touch(chunk.digest)
-        return True
-
-    def get(self, digest: str) -> bytes | None:
-        """The framed object, or None on a miss (not verified)."""
-        try:
-            data = self.path(digest).read_bytes()
-        except FileNotFoundError:
-            self._forget(digest)
-            return None
-        self._touch(digest)
-        return data
+        return CacheHit(checksum)
 
     # --- manifests -----------------------------------------------------------
     def get_manifest(self, digest: str) -> bytes | None:
@@ -213,29 +219,48 @@ class DiskCache:
 
     # --- writes --------------------------------------------------------------
     def put(self, digest: str, framed: bytes | memoryview) -> None:
-        """Store a framed chunk atomically, evicting LRU entries to make room.
+        """Store a store's framed chunk (verified by the caller) atomically, keeping its
+        codec, with the checksum of its raw bytes; evicts LRU entries to make room.
 
         Raises ``CacheFullError`` when the entry cannot fit under the cap or the
         disk is full; nothing partial is left behind.
         """
-        self._put_parts(digest, [memoryview(framed).cast("B")])
+        view = memoryview(framed).cast("B")
+        raw_size = codec.HEADER.unpack_from(view)[2] if len(view) >= codec.HEADER_SIZE else 0
+        kind, payload = codec.read_header(view, raw_size)
+        raw = payload if kind is codec.Codec.RAW else memoryview(codec.decode(view, raw_size))
+        header = cache_entry.pack_header(kind, raw_size, checksum_bytes(raw))
+        self._put_parts(digest, [memoryview(header), payload])
 
-    def put_raw(self, digest: str, raw: memoryview) -> None:
-        """Store verified raw bytes as a raw-framed entry (no copy of ``raw``).
+    def put_raw(self, digest: str, raw: memoryview, checksum: int | None = None) -> None:
+        """Store verified raw bytes as a raw entry (no copy of ``raw``); ``checksum``
+        is ``checksum_bytes(raw)`` when the caller has it, else computed here.
 
         The loader caches every chunk decoded: a hit is then one ``readinto``,
         because decompressing zstd (~1 GB/s per core) is slower than reading
         local disk. Errors as ``put``.
         """
-        header = codec.HEADER.pack(codec.MAGIC, codec.Codec.RAW, len(raw))
-        self._put_parts(digest, [memoryview(header), raw.cast("B")])
+        self._put_parts(digest, _raw_parts(raw, checksum))
 
-    def _put_parts(self, digest: str, parts: list[memoryview]) -> None:
+    def record(self, digest: str, raw: memoryview) -> None:
+        """Write an older entry (one that records no checksum) again, raw, with the
+        checksum of ``raw``: its bytes, just verified against ``digest``. Atomic:
+        readers see the old entry or the new one. Errors as ``put``; the old entry
+        is then kept."""
+        self._put_parts(digest, _raw_parts(raw, None), replace=True)
+
+    def _put_parts(self, digest: str, parts: list[memoryview], replace: bool = False) -> None:
         size = sum(len(p) for p in parts)
         with self._lock:
-            if digest in self._entries:
+            if digest in self._writing or (digest in self._entries and not replace):
                 return
-            victims = choose_victims(self._entries, self.config.max_bytes, size, (digest,))
+            old = self._entries.pop(digest, None)
+            self._total_bytes -= old.size_bytes if old is not None else 0
+            try:
+                victims = choose_victims(self._entries, self.config.max_bytes, size, (digest,))
+            except CacheFullError:
+                self._restore_locked(digest, old)
+                raise
             for victim in victims:
                 self._remove_locked(victim)
             # Reserve the space now so concurrent puts do not overshoot the cap.
@@ -247,7 +272,9 @@ class DiskCache:
         except BaseException:
             with self._lock:
                 self._writing.discard(digest)
-            self._forget(digest)
+                if self._entries.pop(digest, None) is not None:  # not dropped meanwhile
+                    self._total_bytes -= size
+                self._restore_locked(digest, old)
             raise
         with self._lock:
             self._writing.discard(digest)
@@ -264,6 +291,12 @@ class DiskCache:
         if entry is not None:
             self._total_bytes -= entry.size_bytes
             self.path(digest).unlink(missing_ok=True)
+
+    def _restore_locked(self, digest: str, old: CacheEntry | None) -> None:
+        # A failed rewrite leaves the old file in place: keep indexing it.
+        if old is not None:
+            self._entries[digest] = old
+            self._total_bytes += old.size_bytes
 
     def _forget(self, digest: str) -> None:
         with self._lock:
@@ -285,6 +318,12 @@ class DiskCache:
             entry = self._entries.get(digest)
             if entry is not None:
                 self._entries[digest] = CacheEntry(entry.size_bytes, now_ns)
+
+
+def _raw_parts(raw: memoryview, checksum: int | None) -> list[memoryview]:
+    raw = raw.cast("B")
+    recorded = checksum_bytes(raw) if checksum is None else checksum
+    return [memoryview(cache_entry.pack_header(codec.Codec.RAW, len(raw), recorded)), raw]
 
 
 def _readinto_exact(f: io.FileIO, dest: memoryview, digest: str) -> None:

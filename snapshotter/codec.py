@@ -79,15 +79,21 @@ def decode_into(obj: bytes | memoryview, dest: memoryview, declared_size: int) -
     if len(dest) != declared_size:
         raise ValueError(f"destination is {len(dest)} bytes, chunk is {declared_size}")
     codec, payload = read_header(obj, declared_size)
+    decode_payload_into(codec, payload, dest)
+    return codec
+
+
+def decode_payload_into(codec: Codec, payload: memoryview, dest: memoryview) -> None:
+    """Decode a frame's payload (its header already checked) into all of ``dest``."""
+    declared_size = len(dest)
     if codec is Codec.RAW:
         if len(payload) != declared_size:
             raise IntegrityError(
                 f"raw chunk holds {len(payload)} bytes but declares {declared_size}"
             )
         dest[:] = payload
-        return codec
+        return
     _zstd_into(payload, dest, declared_size)
-    return codec
 
 
 def decode(obj: bytes | memoryview, declared_size: int) -> bytes:

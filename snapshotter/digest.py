@@ -1,7 +1,23 @@
-"""Content digests: ``blake3:<64 hex>`` of raw (uncompressed) bytes.
+"""Content digests (``blake3:<64 hex>``) and node checksums (xxh3-64) of raw bytes.
 
-BLAKE3 is used because it hashes several GB/s per core and releases the GIL,
-so verification never becomes the loader's bottleneck.
+Two checks, for two kinds of trust::
+
+    store ──(digest: blake3)──▶ node tiers ──(checksum: xxh3)──▶ tensors
+                                disk cache, RAM tier
+
+A **digest** names a chunk everywhere and is checked where bytes cross into
+the node from the store: it proves the bytes are the content the manifest
+names, whoever wrote them. BLAKE3 hashes a few GB/s per core and releases
+the GIL.
+
+A **checksum** is recorded by a node's own tier when it writes verified
+bytes (in the disk cache's entry header, in the RAM tier's ``meta.json``)
+and checked on every read from that tier: it catches a flipped or lost byte
+on the local disk or in ``/dev/shm`` at a small fraction of a copy's cost
+(xxh3 runs at memory bandwidth; it releases the GIL above 64 KiB). It is not
+a content address and proves nothing about bytes from elsewhere: bytes with
+no recorded checksum are checked with their digest. ``thaw cache verify``
+re-checks the tiers with the digests.
 """
 
 from __future__ import annotations
@@ -9,6 +25,7 @@ from __future__ import annotations
 import re
 
 import blake3
+import xxhash
 
 ALGORITHM = "blake3"
 _DIGEST_RE = re.compile(r"^blake3:[0-9a-f]{64}$")
@@ -44,3 +61,21 @@ class Hasher:
 
     def digest(self) -> str:
         return f"{ALGORITHM}:{self._h.hexdigest()}"
+
+
+def checksum_bytes(data: bytes | bytearray | memoryview) -> int:
+    """The node checksum of ``data``: xxh3-64 as an unsigned int."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
+class Checksummer:
+    """Incremental ``checksum_bytes``: the same value for the same bytes in any pieces."""
+
+    def __init__(self) -> None:
+        self._h = xxhash.xxh3_64()
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        self._h.update(data)
+
+    def checksum(self) -> int:
+        return self._h.intdigest()

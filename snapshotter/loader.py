@@ -10,7 +10,9 @@ loader keeps no reference.
 On the CPU every chunk is decoded straight into its place in the buffer (a
 raw cache hit is ``readinto`` the buffer); on CUDA it goes through pinned
 staging buffers and async copies (``snapshotter.loader_cuda``). Every chunk
-is verified against its digest before it is used (see ``snapshotter.source``).
+is checked before it is used: from the store, against its digest; from the
+node's disk cache, against the checksum the cache recorded when it wrote the
+chunk (see ``snapshotter.source``).
 
 With a host-RAM tier (``snapshotter.ram_tier``), a manifest the tier holds is
 mapped from shared memory instead, reading no chunk; a fresh load is kept in

@@ -4,7 +4,8 @@
 
     fetch pool:   slot = pool.acquire(chunk.size)      # pinned host memory
                   cache hit (raw) -> readinto slot / store get
-    decode pool:  decode into slot, blake3(slot)        # verified on the host
+    decode pool:  decode into slot, check slot          # on the host: blake3 for a store
+                                                        # object, xxh3 for a cache hit
                   with copy_stream: dev_buf[...].copy_(slot[...], non_blocking=True)
                   event.record(copy_stream); pool.release_after(slot, event)
     end:          copy_stream.synchronize()

@@ -5,12 +5,19 @@ thread pools (I/O-bound fetches, CPU-bound verification)::
 
     fetch(chunk, dest)           cache hit: read straight into dest (entries are raw)
                                  miss:      store get -> framed bytes
-    finish(fetched, dest)        decode store bytes into dest (capped),
-                                 verify blake3(dest) == chunk digest,
-                                 write verified bytes through to the cache, raw-framed
+    finish(fetched, dest)        cache hit: xxh3(dest) == the checksum its entry records
+                                            (an older entry with none: blake3(dest) ==
+                                            chunk digest, then the entry is recorded)
+                                 store:     decode into dest (capped),
+                                            verify blake3(dest) == chunk digest,
+                                            write through to the cache, raw, with xxh3(dest)
 
-Failures: a cache entry whose frame or digest is wrong is dropped and the
-chunk is fetched again from the store (counted in ``cache_corrupt``); a
+Trust changes at the store: bytes from it are checked against their digest.
+Bytes the node wrote itself are checked against the checksum it recorded
+then, at memory speed (``snapshotter.digest`` has the two checks).
+
+Failures: a cache entry whose header, length or checksum is wrong is dropped
+and the chunk is fetched again from the store (counted in ``cache_corrupt``); a
 store object that fails verification raises ``IntegrityError`` naming the
 chunk digest, and is never written to the cache. A cache that cannot take a
 write (full disk) does not fail the load: the chunk is used, the write is
@@ -27,7 +34,7 @@ from dataclasses import dataclass, fields
 
 from snapshotter import codec
 from snapshotter.cache import DiskCache
-from snapshotter.digest import digest_bytes
+from snapshotter.digest import checksum_bytes, digest_bytes
 from snapshotter.errors import IntegrityError, StoreError
 from snapshotter.manifest import ChunkRef
 from snapshotter.registry import Registry
@@ -50,19 +57,22 @@ class SourceCounters:
     cache_hit_bytes: int = 0
     cache_misses: int = 0
     cache_corrupt: int = 0
+    cache_rehashed: int = 0  # older entries (no checksum) checked with the digest, recorded
     cache_write_errors: int = 0
 
 
 @dataclass
 class Fetched:
-    """A chunk after the fetch stage: a cache hit is already in ``dest`` (``obj`` None);
-    a store object is in ``obj``, to be decoded into ``dest`` in stage 2."""
+    """A chunk after the fetch stage: a cache hit is already in ``dest`` (``obj`` None,
+    ``checksum`` what its entry records, None for an older entry); a store object is
+    in ``obj``, to be decoded into ``dest`` in stage 2."""
 
     chunk: ChunkRef
     tier: Tier
     obj: bytes | None
     fetch_s: float
     fetched_bytes: int
+    checksum: int | None = None
 
 
 @dataclass(frozen=True)
@@ -110,18 +120,19 @@ class ChunkSource:
         # Entries are raw-framed (see ``_write_through``): read straight into dest.
         assert self.cache is not None
         try:
-            found = self.cache.read_into(chunk, dest)
+            hit = self.cache.read_into(chunk, dest)
         except IntegrityError as exc:
             self._drop_corrupt(chunk, exc)
             return None
-        if not found:
+        if hit is None:
             return None
         self._count(cache_hits=1, cache_hit_bytes=chunk.size)
-        return Fetched(chunk, Tier.CACHE, None, 0.0, chunk.size)
+        return Fetched(chunk, Tier.CACHE, None, 0.0, chunk.size, hit.checksum)
 
     # --- stage 2 -------------------------------------------------------------
     def finish(self, fetched: Fetched, dest: memoryview) -> Finished:
-        """Decode (if needed) and verify ``dest``; on return ``dest`` holds the chunk.
+        """Check a cache hit in ``dest``, or decode and verify a store object into it; on
+        return ``dest`` holds the chunk.
 
         Raises ``IntegrityError`` (naming the chunk digest) when the store's
         object is corrupt; ``dest`` is then undefined.
@@ -130,9 +141,9 @@ class ChunkSource:
         chunk = fetched.chunk
         refetch_s = 0.0
         if fetched.tier is Tier.CACHE:
-            if _matches(dest, chunk):
+            if self._cached_intact(fetched, dest):
                 return Finished(Tier.CACHE, time.perf_counter() - start, 0.0)
-            self._drop_corrupt(chunk, IntegrityError("digest mismatch"))
+            self._drop_corrupt(chunk, IntegrityError("its bytes do not match"))
             refetch_start = time.perf_counter()
             obj = self._get_stored(chunk)
             refetch_s = time.perf_counter() - refetch_start
@@ -147,6 +158,22 @@ class ChunkSource:
         return self.finish(self.fetch(chunk, dest), dest).tier
 
     # --- internals -----------------------------------------------------------
+    def _cached_intact(self, fetched: Fetched, dest: memoryview) -> bool:
+        """A hit's bytes against its recorded checksum; an older entry's (none recorded)
+        against the digest, after which its entry is written again with a checksum."""
+        if fetched.checksum is not None:
+            return checksum_bytes(dest) == fetched.checksum
+        if not _matches(dest, fetched.chunk):
+            return False
+        self._count(cache_rehashed=1)
+        assert self.cache is not None
+        try:
+            self.cache.record(fetched.chunk.digest, dest)
+        except StoreError as exc:  # checked again with the digest next time
+            self._count(cache_write_errors=1)
+            log.warning("cached chunk %s not recorded: %s", fetched.chunk.digest, exc)
+        return True
+
     def _get_stored(self, chunk: ChunkRef) -> bytes:
         obj = self.registry.get_chunk(chunk.digest)
         self._count(store_gets=1, store_bytes=len(obj))

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from snapshotter import codec
+from snapshotter import cache_entry
 from snapshotter.digest import digest_bytes
 from snapshotter.manifest import ArtifactKind, ChunkRef
 from snapshotter.push import push_directory
@@ -87,7 +87,7 @@ def test_flipped_byte_in_cache_then_in_store_through_worker_cold_starts(
     healed = _deploy_and_call(stack, own_store, "cold-b")  # a new replica: a cold start
     assert healed.status_code == 200, healed.text
     assert healed.json()["output"]["tensors"] == tensors
-    raw = codec.decode(entry.read_bytes(), victim.size)
+    raw = cache_entry.decode(entry.read_bytes(), victim.size)
     assert digest_bytes(raw) == victim.digest  # the worker replaced the entry from the store
 
     entry.unlink()  # the next start must read this chunk from the store, which is now bad

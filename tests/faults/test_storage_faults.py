@@ -1,7 +1,8 @@
 """Storage faults (issue 7, items 11 to 14), against a local directory and S3 (moto server).
 
-11 a flipped byte in a chunk, in the store and in the worker's cache (here through the
-   loader and the CLI; through real worker cold starts in ``test_storage_coldstart``)
+11 a flipped byte in a chunk, in the store, in the worker's disk cache and in its RAM
+   tier (here through the loader and the CLI; through real worker cold starts in
+   ``test_storage_coldstart``)
 12 a `thaw models push` SIGKILLed halfway, then run again
 13 `thaw gc` during a push, during a load, and SIGKILLed halfway
 14 the worker's cache disk fills during a load: ``test_storage_cache_full``
@@ -10,18 +11,22 @@
 from __future__ import annotations
 
 import io
+import os
 import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from snapshotter import codec
+from snapshotter import cache_entry, codec
 from snapshotter.cache import DiskCache
-from snapshotter.config import CacheConfig, LoaderConfig, StoreConfig
+from snapshotter.config import CacheConfig, LoaderConfig, RamTierConfig, StoreConfig
 from snapshotter.digest import digest_bytes
 from snapshotter.errors import IntegrityError, NotFoundError
 from snapshotter.gc import PLAN_PREFIX, plan_gc, sweep
@@ -31,6 +36,7 @@ from snapshotter.leases import Lease
 from snapshotter.loader import Snapshotter
 from snapshotter.manifest import ChunkRef
 from snapshotter.push import PushResult, push_directory
+from snapshotter.ram_tier import RamTier
 from snapshotter.registry import Registry, chunk_key
 from snapshotter.stores import open_store
 from snapshotter.stores.local import LocalStore
@@ -101,8 +107,64 @@ def test_flipped_byte_in_the_cache_is_refetched_before_use(
     assert_same_tensors(loader.load("m:v1"), expected_tensors(llama_dir))
     counters = loader.source.counters()
     assert (counters.cache_corrupt, counters.store_gets) == (1, 1)  # only the bad chunk
-    healed = codec.decode(entry.read_bytes(), victim.size)
+    healed = cache_entry.decode(entry.read_bytes(), victim.size)
     assert digest_bytes(healed) == victim.digest  # the entry was replaced from the store
+
+
+@pytest.fixture
+def tier_config() -> Iterator[RamTierConfig]:
+    """A RAM tier on the real tmpfs (/dev/shm) when there is one."""
+    shm = Path("/dev/shm")
+    directory = Path(tempfile.mkdtemp(prefix="thaw-faults-ram-", dir=shm if shm.is_dir() else None))
+    yield RamTierConfig(directory=directory, max_bytes=256 << 20)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _damage(path: Path, at: int, how: str) -> None:
+    """Flip the byte at ``at``, or cut the file there (tier files are read-only)."""
+    os.chmod(path, 0o644)
+    if how == "truncated":
+        os.truncate(path, at)
+        return
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+
+@pytest.mark.parametrize("how", ["flipped", "truncated"])
+def test_damage_in_the_ram_tier_and_the_cache_is_fetched_again_from_the_store(
+    store_config: StoreConfig, llama_dir: Path, tmp_path: Path, tier_config: RamTierConfig, how: str
+) -> None:
+    registry = Registry(open_store(store_config))
+    push(registry, llama_dir, "m:v1")
+    digest = registry.resolve("m:v1")
+    cache_config = CacheConfig(directory=tmp_path / "cache")
+    Snapshotter(registry, DiskCache(cache_config), ram_tier=RamTier(tier_config)).load("m:v1")
+    manifest = registry.get_manifest(digest)
+    victim = _tensor_chunk(registry, "m:v1")
+    file_idx, file = next((i, f) for i, f in enumerate(manifest.files) if victim in f.chunks)
+    assert file.safetensors is not None
+    # The same bytes, damaged in both of the node's tiers: in /dev/shm and on the disk.
+    tier_file = RamTier(tier_config).entry_dir(digest) / f"{file_idx}.data"
+    _damage(tier_file, victim.offset - file.safetensors.data_offset + victim.size // 2, how)
+    entry = DiskCache(cache_config).path(victim.digest)
+    _damage(entry, cache_entry.HEADER_SIZE + victim.size // 2, how)
+
+    tier = RamTier(tier_config)
+    loader = Snapshotter(registry, DiskCache(cache_config), ram_tier=tier)  # a new process
+    loaded = loader.load("m:v1")
+    assert_same_tensors(loaded, expected_tensors(llama_dir))
+    assert loaded.report.ram_tier_bytes == 0 and tier.counters().corrupt == 1
+    counters = loader.source.counters()
+    assert (counters.cache_corrupt, counters.store_gets) == (1, 1)  # only the bad chunk
+    healed = cache_entry.decode(entry.read_bytes(), victim.size)
+    assert digest_bytes(healed) == victim.digest
+    again = Snapshotter(registry, DiskCache(cache_config), ram_tier=RamTier(tier_config))
+    reheld = again.load("m:v1")  # the tier holds a good copy again
+    assert reheld.report.ram_tier_bytes == reheld.report.tensor_bytes
+    assert_same_tensors(reheld, expected_tensors(llama_dir))
 
 
 def test_flipped_byte_in_the_store_is_a_clear_error_and_nothing_is_used(

@@ -11,10 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from snapshotter import cache as cache_mod
-from snapshotter import codec
+from snapshotter import cache_entry, codec
 from snapshotter.cache import CacheEntry, DiskCache, choose_victims
 from snapshotter.config import CacheConfig
-from snapshotter.digest import digest_bytes
+from snapshotter.digest import checksum_bytes, digest_bytes
 from snapshotter.errors import CacheFullError, IntegrityError
 from snapshotter.manifest import ArtifactKind, ChunkRef, FileEntry, Manifest
 
@@ -82,16 +82,26 @@ def _cache(tmp_path: Path, max_bytes: int = 1 << 20) -> DiskCache:
     return DiskCache(CacheConfig(directory=tmp_path / "cache", max_bytes=max_bytes))
 
 
+def _entry_bytes(framed: bytes) -> int:
+    """An entry's size: the store's object plus the header's checksum extension."""
+    return len(framed) + cache_entry.EXTENSION.size
+
+
 @pytest.mark.parametrize("raw", [os.urandom(5000), b"\0" * 5000], ids=["raw", "zstd"])
-def test_put_then_read_into_round_trips(tmp_path: Path, raw: bytes) -> None:
+def test_put_then_read_into_round_trips_with_the_checksum_recorded(
+    tmp_path: Path, raw: bytes
+) -> None:
     cache = _cache(tmp_path)
     ref, framed = _chunk(raw)
     cache.put(ref.digest, framed)
     dest = bytearray(ref.size)
-    assert cache.read_into(ref, memoryview(dest))
+    hit = cache.read_into(ref, memoryview(dest))
+    assert hit is not None and hit.checksum == checksum_bytes(raw)
     assert bytes(dest) == raw
-    assert cache.get(ref.digest) == framed
-    assert cache.path(ref.digest).read_bytes() == framed  # same object as in the store
+    # The store's codec and payload, behind a header that also records the checksum.
+    kind, payload = codec.read_header(framed, ref.size)
+    header = cache_entry.pack_header(kind, ref.size, checksum_bytes(raw))
+    assert cache.path(ref.digest).read_bytes() == header + bytes(payload)
 
 
 def test_put_raw_frames_raw_and_reads_back(tmp_path: Path) -> None:
@@ -99,31 +109,74 @@ def test_put_raw_frames_raw_and_reads_back(tmp_path: Path) -> None:
     raw = b"\0" * 5000  # compressible, but kept raw in the cache
     ref, _ = _chunk(raw)
     cache.put_raw(ref.digest, memoryview(raw))
-    framed_raw = codec.HEADER.pack(codec.MAGIC, codec.Codec.RAW, len(raw)) + raw
-    assert cache.path(ref.digest).read_bytes() == framed_raw
+    header = cache_entry.pack_header(codec.Codec.RAW, len(raw), checksum_bytes(raw))
+    assert cache.path(ref.digest).read_bytes() == header + raw
     dest = bytearray(ref.size)
-    assert cache.read_into(ref, memoryview(dest))
+    hit = cache.read_into(ref, memoryview(dest))
+    assert hit is not None and hit.checksum == checksum_bytes(raw)
     assert bytes(dest) == raw
-    assert cache.total_bytes == codec.HEADER_SIZE + len(raw)
+    assert cache.total_bytes == cache_entry.HEADER_SIZE + len(raw)
 
 
-def test_miss_returns_false(tmp_path: Path) -> None:
+def test_miss_returns_none(tmp_path: Path) -> None:
     ref, _ = _chunk(b"abc")
-    assert not _cache(tmp_path).read_into(ref, memoryview(bytearray(3)))
+    assert _cache(tmp_path).read_into(ref, memoryview(bytearray(3))) is None
 
 
-def test_truncated_entry_is_an_integrity_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "keep_bytes", [-1, cache_entry.HEADER_SIZE - 1], ids=["in the payload", "in the header"]
+)
+def test_truncated_entry_is_an_integrity_error(tmp_path: Path, keep_bytes: int) -> None:
     cache = _cache(tmp_path)
     ref, framed = _chunk(os.urandom(100))
     cache.put(ref.digest, framed)
-    cache.path(ref.digest).write_bytes(framed[:-1])
+    entry = cache.path(ref.digest)
+    entry.write_bytes(entry.read_bytes()[:keep_bytes])
     with pytest.raises(IntegrityError, match="truncated"):
         cache.read_into(ref, memoryview(bytearray(ref.size)))
 
 
+def test_an_older_entry_records_no_checksum_until_record_writes_one(tmp_path: Path) -> None:
+    raw = os.urandom(3000)
+    ref, framed = _chunk(raw)
+    older = _cache(tmp_path).path(ref.digest)
+    older.parent.mkdir(parents=True)
+    older.write_bytes(framed)  # what an older thaw wrote: the store's object as is
+    cache = _cache(tmp_path)
+    dest = bytearray(ref.size)
+    hit = cache.read_into(ref, memoryview(dest))
+    assert hit is not None and hit.checksum is None and bytes(dest) == raw
+
+    cache.record(ref.digest, memoryview(dest))
+    hit = cache.read_into(ref, memoryview(bytearray(ref.size)))
+    assert hit is not None and hit.checksum == checksum_bytes(raw)
+    assert cache.total_bytes == _entry_bytes(framed) == older.stat().st_size
+    assert _cache(tmp_path).total_bytes == cache.total_bytes  # as a restart indexes it
+
+
+def test_a_record_that_cannot_be_written_keeps_the_older_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    raw = os.urandom(3000)
+    ref, framed = _chunk(raw)
+    older = _cache(tmp_path).path(ref.digest)
+    older.parent.mkdir(parents=True)
+    older.write_bytes(framed)
+    cache = _cache(tmp_path)
+
+    def no_space(fd: int, data: memoryview) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache_mod, "_write_all", no_space)
+    with pytest.raises(CacheFullError):
+        cache.record(ref.digest, memoryview(raw))
+    assert ref.digest in cache and cache.total_bytes == len(framed)
+    assert older.read_bytes() == framed
+
+
 def test_eviction_keeps_recently_used_and_respects_cap(tmp_path: Path) -> None:
     chunks = [_chunk(os.urandom(1000)) for _ in range(4)]
-    entry_bytes = len(chunks[0][1])
+    entry_bytes = _entry_bytes(chunks[0][1])
     cache = _cache(tmp_path, max_bytes=3 * entry_bytes)
     for ref, framed in chunks[:3]:
         cache.put(ref.digest, framed)
@@ -146,7 +199,7 @@ def test_lru_order_survives_a_restart(tmp_path: Path) -> None:
         os.utime(cache.path(ref.digest), ns=(10**18 + i, 10**18 + i))
     cache.read_into(chunks[0][0], memoryview(bytearray(1000)))
 
-    reopened = _cache(tmp_path, max_bytes=3 * len(chunks[0][1]))
+    reopened = _cache(tmp_path, max_bytes=3 * _entry_bytes(chunks[0][1]))
     assert reopened.inventory().digests == {c[0].digest for c in chunks}
     new_ref, new_framed = _chunk(os.urandom(1000))
     reopened.put(new_ref.digest, new_framed)
@@ -185,7 +238,7 @@ def test_inventory_and_contains_bytes(tmp_path: Path) -> None:
     assert cache.contains_bytes(manifest) == 300
     inv = cache.inventory()
     assert inv.digests == {a.digest}
-    assert inv.total_bytes == len(fa)
+    assert inv.total_bytes == _entry_bytes(fa)
     assert inv.max_bytes == 1 << 20
 
 

@@ -1,4 +1,8 @@
-"""Integrity on load: corrupt cache entries heal from the store; corrupt stores fail loudly."""
+"""Integrity on load: corrupt cache entries heal from the store; corrupt stores fail loudly.
+
+A cache hit is checked with the checksum its entry recorded; an entry from an
+older thaw (none recorded) with the chunk digest, once, then recorded.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,10 @@ import torch
 import zstandard
 from safetensors.torch import save_file
 
-from snapshotter import codec
+from snapshotter import cache_entry, codec
 from snapshotter.cache import DiskCache
 from snapshotter.config import CacheConfig, StoreConfig
+from snapshotter.digest import checksum_bytes
 from snapshotter.errors import ChunkTooLargeError, IntegrityError
 from snapshotter.loader import Snapshotter
 from snapshotter.manifest import ChunkRef
@@ -58,7 +63,7 @@ def test_flipped_byte_in_cache_is_dropped_and_refetched(
     Snapshotter(registry, cache).load("llama:v1")  # fills the cache
     victim = _tensor_chunks(registry, digest, "raw")[0]
     entry = cache.path(victim.digest)
-    entry.write_bytes(_flip_byte(entry.read_bytes(), codec.HEADER_SIZE + victim.size // 2))
+    entry.write_bytes(_flip_byte(entry.read_bytes(), cache_entry.HEADER_SIZE + victim.size // 2))
 
     store.reset()
     snap = Snapshotter(registry, DiskCache(CacheConfig(directory=tmp_path / "cache")))
@@ -66,7 +71,87 @@ def test_flipped_byte_in_cache_is_dropped_and_refetched(
     assert_same_tensors(tensors, expected_tensors(llama_dir))
     assert store.chunk_gets() == [chunk_key(victim.digest)]
     assert snap.source.counters().cache_corrupt == 1
-    assert entry.read_bytes() == registry.get_chunk(victim.digest)  # healed
+    assert entry.read_bytes() == _entry(
+        codec.decode(registry.get_chunk(victim.digest), victim.size)
+    )
+
+
+def _entry(raw: bytes) -> bytes:
+    """The cache entry the loader writes for a chunk: raw, with its checksum."""
+    return cache_entry.pack_header(codec.Codec.RAW, len(raw), checksum_bytes(raw)) + raw
+
+
+def _as_older_entry(path: Path, size: int) -> None:
+    """Rewrite a cache entry as an older thaw wrote it: the store's raw frame, no checksum."""
+    raw = path.read_bytes()[cache_entry.HEADER_SIZE :]
+    assert len(raw) == size
+    path.write_bytes(codec.HEADER.pack(codec.MAGIC, codec.Codec.RAW, size) + raw)
+
+
+def test_a_wrong_recorded_checksum_is_refetched(
+    store_config: StoreConfig, tmp_path: Path, llama_dir: Path
+) -> None:
+    registry, store = counting_registry(store_config)
+    digest = push(registry, llama_dir, "llama:v1")
+    Snapshotter(registry, DiskCache(CacheConfig(directory=tmp_path / "cache"))).load(digest)
+    victim = _tensor_chunks(registry, digest, "raw")[0]
+    entry = DiskCache(CacheConfig(directory=tmp_path / "cache")).path(victim.digest)
+    entry.write_bytes(_flip_byte(entry.read_bytes(), codec.HEADER_SIZE))  # the checksum field
+
+    store.reset()
+    snap = Snapshotter(registry, DiskCache(CacheConfig(directory=tmp_path / "cache")))
+    assert_same_tensors(snap.load(digest), expected_tensors(llama_dir))
+    assert store.chunk_gets() == [chunk_key(victim.digest)]
+    assert snap.source.counters().cache_corrupt == 1
+
+
+def test_an_older_entry_is_checked_with_its_digest_once_then_recorded(
+    store_config: StoreConfig, tmp_path: Path, llama_dir: Path
+) -> None:
+    registry, store = counting_registry(store_config)
+    digest = push(registry, llama_dir, "llama:v1")
+    cache_dir = tmp_path / "cache"
+    Snapshotter(registry, DiskCache(CacheConfig(directory=cache_dir))).load(digest)
+    older = _tensor_chunks(registry, digest, "raw")[:3]
+    for c in older:
+        _as_older_entry(DiskCache(CacheConfig(directory=cache_dir)).path(c.digest), c.size)
+
+    store.reset()
+    first = Snapshotter(registry, DiskCache(CacheConfig(directory=cache_dir)))
+    assert_same_tensors(first.load(digest), expected_tensors(llama_dir))
+    assert store.chunk_gets() == []
+    counters = first.source.counters()
+    assert (counters.cache_rehashed, counters.cache_corrupt) == (len(older), 0)
+    cache = DiskCache(CacheConfig(directory=cache_dir))
+    for c in older:  # now recorded, as the loader writes entries
+        assert cache.path(c.digest).read_bytes()[:4] == cache_entry.MAGIC
+
+    again = Snapshotter(registry, cache)
+    assert_same_tensors(again.load(digest), expected_tensors(llama_dir))
+    assert again.source.counters().cache_rehashed == 0
+
+
+def test_a_corrupt_older_entry_is_caught_by_its_digest_and_refetched(
+    store_config: StoreConfig, tmp_path: Path, llama_dir: Path
+) -> None:
+    registry, store = counting_registry(store_config)
+    digest = push(registry, llama_dir, "llama:v1")
+    cache_dir = tmp_path / "cache"
+    Snapshotter(registry, DiskCache(CacheConfig(directory=cache_dir))).load(digest)
+    victim = _tensor_chunks(registry, digest, "raw")[0]
+    entry = DiskCache(CacheConfig(directory=cache_dir)).path(victim.digest)
+    _as_older_entry(entry, victim.size)
+    entry.write_bytes(_flip_byte(entry.read_bytes(), codec.HEADER_SIZE + 5))
+
+    store.reset()
+    snap = Snapshotter(registry, DiskCache(CacheConfig(directory=cache_dir)))
+    assert_same_tensors(snap.load(digest), expected_tensors(llama_dir))
+    assert store.chunk_gets() == [chunk_key(victim.digest)]
+    counters = snap.source.counters()
+    assert (counters.cache_corrupt, counters.cache_rehashed) == (1, 0)
+    assert entry.read_bytes() == _entry(
+        codec.decode(registry.get_chunk(victim.digest), victim.size)
+    )
 
 
 def test_compressed_chunk_is_cached_decoded_and_heals_when_corrupt(tmp_path: Path) -> None:
@@ -79,7 +164,7 @@ def test_compressed_chunk_is_cached_decoded_and_heals_when_corrupt(tmp_path: Pat
     cache = DiskCache(CacheConfig(directory=tmp_path / "cache"))
     Snapshotter(registry, cache).load("zeros:v1")
     entry = cache.path(victim.digest)
-    assert entry.stat().st_size == codec.HEADER_SIZE + victim.size  # stored decoded
+    assert entry.stat().st_size == cache_entry.HEADER_SIZE + victim.size  # stored decoded
     entry.write_bytes(_flip_byte(entry.read_bytes(), len(entry.read_bytes()) - 2))
 
     snap = Snapshotter(registry, cache)
