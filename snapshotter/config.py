@@ -54,7 +54,8 @@ class RamTierConfig:
 
     ``directory`` should be on a tmpfs (``/dev/shm/...``) so entries live in RAM
     and every process on the worker shares them; ``max_bytes`` caps the bytes
-    held (0 disables the tier); ``verify`` re-hashes an entry on every read.
+    held (0 disables the tier); ``verify`` checks an entry's bytes on every read
+    against the checksums recorded when it was written.
     """
 
     directory: Path

@@ -4,7 +4,8 @@
 
     load(ref, device)
       manifest held in the tier?  -- yes -> place_held: map the tier's files (MAP_PRIVATE),
-                                            verify, CPU: the mappings ARE the buffers
+                                            check their recorded checksums,
+                                            CPU: the mappings ARE the buffers
                                                     CUDA: mapping -> pinned slot -> device
                                   -- no  -> the chunk pipeline (disk cache, store), then
                                             keep: copy the verified buffers into the tier;
@@ -54,8 +55,8 @@ def place_held(
 ) -> HeldLoad | None:
     """The plan's buffers from the tier on ``dev``, or None when it does not hold them.
 
-    Stage totals: fetch = mapping the files, verify = re-hashing them (0 bytes
-    when the tier does not verify), place = the copy to the device (CPU: none).
+    Stage totals: fetch = mapping the files, verify = checking their checksums
+    (0 bytes when the tier does not verify), place = the copy to the device (CPU: none).
     """
     start = time.perf_counter()
     hit = tier.get(digest, plan.files)

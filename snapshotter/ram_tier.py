@@ -7,7 +7,7 @@ entries are RAM and every process on the machine sees them)::
 
     .lock                        flock: serializes puts, drops and evictions
     bandwidth.json               {"bytes_per_s": ...}: moving average of reads, all processes
-    entries/<hex>/meta.json      manifest digest, per-file (path, data_bytes, blake3 digest)
+    entries/<hex>/meta.json      manifest digest, per-file (path, data_bytes, xxh3 checksum)
     entries/<hex>/manifest.json  the manifest's canonical JSON (a re-warm reads no store)
     entries/<hex>/<i>.data       the data region of the manifest's i-th file, byte for byte
                                  the loader's buffer for it (files without tensors: 0 bytes)
@@ -31,10 +31,14 @@ Contracts:
   unlinked file stays valid for its open mappings, whose pages are freed when
   the last one goes. So readers are never protected by locks; the cap counts
   linked entries only (a replica holding an evicted model keeps its pages).
-- Integrity: ``put`` records the blake3 digest of each data region as written;
-  with ``verify`` on, ``get`` re-hashes every mapped file (blake3 is
-  multithreaded, several GB/s) and a mismatch drops the entry and misses, so
-  the load falls through to the disk cache and re-inserts a good copy.
+- Integrity: the bytes ``put`` are a load's, each chunk verified on its way
+  into the node (``snapshotter.source``); ``put`` records the checksum (xxh3)
+  of each data region as written. With ``verify`` on, ``get`` checks every
+  mapped file against it (at memory speed, no digest) and a mismatch drops
+  the entry and misses, so the load falls through to the disk cache and
+  re-inserts a good copy. An entry from an older thaw, which recorded blake3
+  digests instead, is checked with those once and its checksums recorded.
+  ``snapshotter.tier_verify`` re-checks entries against the manifest's digests.
 - Space: data files are written with ``write`` (never through a shared
   mapping), so a full tmpfs is ``ENOSPC`` at insert (the insert is skipped,
   the partial entry removed, the load still succeeds), never ``SIGBUS``.
@@ -80,9 +84,10 @@ from snapshotter.ram_tier_entry import (
     BadEntry,
     FileShape,
     TierFile,
-    check_digests,
+    check_files,
     map_all,
     read_meta,
+    rewrite_meta,
     touch,
     write_entry,
     write_json_atomic,
@@ -125,6 +130,7 @@ class RamTierCounters:
     hits: int = 0
     misses: int = 0
     corrupt: int = 0
+    rehashed: int = 0  # older entries (no checksums) checked with their digests, recorded
     inserts: int = 0
     insert_errors: int = 0
     too_large: int = 0
@@ -192,7 +198,7 @@ class RamTier:
         """Map every file buffer of the manifest, or None (a miss: load it elsewhere).
 
         ``files`` is the load plan's files, in order; an entry that does not
-        match them, or (with ``verify``) whose bytes do not hash to the digests
+        match them, or (with ``verify``) whose bytes do not match the checksums
         recorded at insert, is dropped and counted as ``corrupt``.
         """
         start = time.perf_counter()
@@ -205,7 +211,9 @@ class RamTier:
             meta, buffers = found
             map_s = time.perf_counter() - start
             if self.config.verify:
-                check_digests(meta, buffers)
+                checked = check_files(meta, buffers)
+                if checked != meta:
+                    self.record_checksums(manifest_digest, meta, checked)
         except BadEntry as exc:
             self._corrupt(manifest_digest, str(exc))
             return None
@@ -281,6 +289,20 @@ class RamTier:
         """Remove an entry (e.g. a corrupt one); readers holding its mappings keep them."""
         with self._locked():
             self._remove(self.entry_dir(manifest_digest))
+
+    def record_checksums(
+        self, manifest_digest: str, held: list[TierFile], checked: list[TierFile]
+    ) -> None:
+        """Record ``checked`` (every file with its checksum) for an older entry whose
+        meta.json is ``held``, just checked with its digests; best effort."""
+        self._count(rehashed=1)
+        entry = self.entry_dir(manifest_digest)
+        try:
+            with self._locked():
+                if read_meta(entry) == held:  # not replaced or removed meanwhile
+                    rewrite_meta(entry, manifest_digest, checked)
+        except (OSError, BadEntry) as exc:  # checked with its digests again next time
+            log.warning("RAM tier entry %s not recorded: %s", manifest_digest, exc)
 
     # --- internals -----------------------------------------------------------
     def _corrupt(self, manifest_digest: str, why: str) -> None:

@@ -3,6 +3,11 @@
 See ``snapshotter.ram_tier`` for the layout and the contracts; this module
 is the entry's file format (``meta.json`` + one ``<i>.data`` per file) and
 the I/O on it, with no policy.
+
+``meta.json`` records each data file's checksum (xxh3, ``snapshotter.digest``)
+of the bytes written. Format 1 (older thaw) recorded a blake3 digest of them
+instead: such a file's bytes are checked with that digest, and its entry's
+``meta.json`` is then written again in format 2.
 """
 
 from __future__ import annotations
@@ -20,9 +25,10 @@ from typing import Protocol
 
 import torch
 
-from snapshotter.digest import Hasher, digest_bytes
+from snapshotter.digest import Checksummer, checksum_bytes, digest_bytes
 
-FORMAT = 1
+FORMAT = 2
+_OLD_FORMAT = 1  # blake3 digests instead of checksums
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
 # Device buffers are written through host pieces of this size.
@@ -35,7 +41,8 @@ class TierFile:
 
     path: str
     data_bytes: int
-    digest: str  # blake3 of the data region as written into the tier
+    checksum: int | None  # xxh3 of the data region as written into the tier
+    old_digest: str | None = None  # format 1 only (no checksum): blake3 of the same bytes
 
 
 class FileShape(Protocol):
@@ -56,9 +63,14 @@ def read_meta(entry: Path) -> list[TierFile] | None:
     """The entry's files; None when there is no such entry; ``BadEntry`` when unreadable."""
     try:
         doc = json.loads((entry / "meta.json").read_bytes())
+        if doc["format"] == _OLD_FORMAT:
+            return [
+                TierFile(f["path"], int(f["data_bytes"]), None, str(f["digest"]))
+                for f in doc["files"]
+            ]
         if doc["format"] != FORMAT:
             raise ValueError(f"format {doc['format']}, expected {FORMAT}")
-        return [TierFile(f["path"], int(f["data_bytes"]), f["digest"]) for f in doc["files"]]
+        return [TierFile(f["path"], int(f["data_bytes"]), int(f["xxh3"], 16)) for f in doc["files"]]
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -89,11 +101,25 @@ def map_all(entry: Path, meta: Sequence[TierFile]) -> list[torch.Tensor] | None:
     return buffers
 
 
-def check_digests(meta: Sequence[TierFile], buffers: Sequence[torch.Tensor]) -> None:
-    """Raise ``BadEntry`` naming the first file whose bytes do not hash to its digest."""
+def check_files(meta: Sequence[TierFile], buffers: Sequence[torch.Tensor]) -> list[TierFile]:
+    """Check every file's bytes against its recorded checksum (a format-1 file: its
+    blake3 digest); raise ``BadEntry`` naming the first that differs.
+
+    Returns the files with every checksum recorded: a format-1 file gains the
+    checksum of its bytes, just proved by the digest.
+    """
+    checked = []
     for f, buf in zip(meta, buffers, strict=True):
-        if digest_bytes(bytes_view(buf)) != f.digest:
+        view = bytes_view(buf)
+        if f.checksum is not None:
+            if checksum_bytes(view) != f.checksum:
+                raise BadEntry(f"{f.path} does not match its checksum")
+            checked.append(f)
+            continue
+        if f.old_digest is None or digest_bytes(view) != f.old_digest:
             raise BadEntry(f"{f.path} does not match its digest")
+        checked.append(TierFile(f.path, f.data_bytes, checksum_bytes(view)))
+    return checked
 
 
 def bytes_view(buf: torch.Tensor) -> memoryview:
@@ -115,29 +141,46 @@ def write_entry(
             for i, (f, buf) in enumerate(zip(files, buffers, strict=True))
         ]
         (tmp / "manifest.json").write_bytes(manifest_json)
-        doc = {
-            "format": FORMAT,
-            "manifest_digest": manifest_digest,
-            "files": [
-                {"path": f.path, "data_bytes": f.data_bytes, "digest": f.digest} for f in held
-            ],
-        }
-        (tmp / "meta.json").write_text(json.dumps(doc, sort_keys=True))
+        (tmp / "meta.json").write_text(_meta_json(manifest_digest, held))
         tmp.rename(entry)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def write_data(path: Path, buf: torch.Tensor) -> str:
-    """Copy ``buf`` (any device) into a new tier file; returns the digest of what it holds.
+def rewrite_meta(entry: Path, manifest_digest: str, files: Sequence[TierFile]) -> None:
+    """Replace an entry's ``meta.json`` atomically (format 2, every checksum recorded)."""
+    tmp = entry / f"{TMP_PREFIX}meta-{uuid.uuid4().hex}"
+    try:
+        tmp.write_text(_meta_json(manifest_digest, files))
+        tmp.replace(entry / "meta.json")
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _meta_json(manifest_digest: str, files: Sequence[TierFile]) -> str:
+    if any(f.checksum is None for f in files):
+        raise ValueError("every file of a format-2 entry records its checksum")
+    doc = {
+        "format": FORMAT,
+        "manifest_digest": manifest_digest,
+        "files": [
+            {"path": f.path, "data_bytes": f.data_bytes, "xxh3": f"{f.checksum:016x}"}
+            for f in files
+        ],
+    }
+    return json.dumps(doc, sort_keys=True)
+
+
+def write_data(path: Path, buf: torch.Tensor) -> int:
+    """Copy ``buf`` (any device) into a new tier file; returns the checksum of what it holds.
 
     Plain ``write``s, not a shared mapping: a full tmpfs is then ``ENOSPC``
     (never ``SIGBUS``), and writing skips the page faults of a fresh mapping
     (about 2.5x faster). A device buffer goes through host pieces of at most
     ``_PIECE_BYTES``, so the host never holds a second full copy.
     """
-    hasher = Hasher()
+    hasher = Checksummer()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         for begin in range(0, buf.numel(), _PIECE_BYTES):
@@ -148,7 +191,7 @@ def write_data(path: Path, buf: torch.Tensor) -> str:
     finally:
         os.close(fd)
     os.chmod(path, 0o444)
-    return hasher.digest()
+    return hasher.checksum()
 
 
 def _write_all(fd: int, data: memoryview) -> None:

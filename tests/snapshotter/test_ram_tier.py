@@ -19,7 +19,7 @@ import torch
 from control_plane.settings import Settings
 from snapshotter import DiskCache, Snapshotter
 from snapshotter.config import CacheConfig, RamTierConfig, StoreConfig
-from snapshotter.digest import hex_part
+from snapshotter.digest import digest_bytes, hex_part
 from snapshotter.load_plan import FilePlan
 from snapshotter.ram_tier import RamTier
 from snapshotter.registry import Registry
@@ -255,6 +255,54 @@ def test_a_corrupt_entry_is_dropped_the_load_falls_back_and_heals(
     healed = snap.load(digest)
     assert healed.report.ram_tier_bytes == healed.report.tensor_bytes
     assert_same_tensors(healed, expected_tensors(llama_dir))
+
+
+def _as_older_entry(entry: Path) -> None:
+    """Rewrite an entry's meta.json as an older thaw wrote it: blake3 digests, no checksums."""
+    doc = json.loads((entry / "meta.json").read_bytes())
+    for i, f in enumerate(doc["files"]):
+        del f["xxh3"]
+        f["digest"] = digest_bytes((entry / f"{i}.data").read_bytes())
+    doc["format"] = 1
+    (entry / "meta.json").write_text(json.dumps(doc))
+
+
+def test_an_older_entry_is_checked_with_its_digests_once_then_recorded(
+    tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig
+) -> None:
+    registry = Registry(LocalStore(tmp_path / "store"))
+    digest = push(registry, llama_dir, "llama:v1")
+    tier = RamTier(tier_config)
+    snap = Snapshotter(registry, _cache(tmp_path / "cache"), ram_tier=tier)
+    snap.load(digest)
+    _as_older_entry(tier.entry_dir(digest))
+
+    held = snap.load(digest)
+    assert held.report.ram_tier_bytes == held.report.tensor_bytes
+    assert_same_tensors(held, expected_tensors(llama_dir))
+    assert (tier.counters().rehashed, tier.counters().corrupt) == (1, 0)
+    meta = json.loads((tier.entry_dir(digest) / "meta.json").read_bytes())
+    assert meta["format"] == 2 and all("xxh3" in f for f in meta["files"])
+
+    assert snap.load(digest).report.ram_tier_bytes == held.report.tensor_bytes
+    assert tier.counters().rehashed == 1  # recorded: the next hit checks checksums
+
+
+def test_a_corrupt_older_entry_is_caught_by_its_digests(
+    tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig
+) -> None:
+    registry = Registry(LocalStore(tmp_path / "store"))
+    digest = push(registry, llama_dir, "llama:v1")
+    tier = RamTier(tier_config)
+    snap = Snapshotter(registry, _cache(tmp_path / "cache"), ram_tier=tier)
+    snap.load(digest)
+    _as_older_entry(tier.entry_dir(digest))
+    _flip_byte(max(tier.entry_dir(digest).glob("*.data"), key=lambda f: f.stat().st_size))
+
+    fallback = snap.load(digest)
+    assert (tier.counters().corrupt, tier.counters().rehashed) == (1, 0)
+    assert fallback.report.ram_tier_bytes == 0
+    assert_same_tensors(fallback, expected_tensors(llama_dir))
 
 
 def test_without_verify_a_hit_hashes_nothing(
