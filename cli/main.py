@@ -10,6 +10,7 @@ import typer
 
 from cli import (
     bench,
+    cache,
     canary,
     functions,
     gc,
@@ -35,6 +36,7 @@ app.add_typer(models.app, name="models")
 app.add_typer(images.app, name="images")
 app.command("worker")(worker)
 app.add_typer(workers.app, name="workers")
+app.add_typer(cache.app, name="cache")
 app.command("up")(up)
 app.command("server")(server)
 app.add_typer(keys.app, name="keys")
