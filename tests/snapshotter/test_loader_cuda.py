@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from snapshotter import codec
+from snapshotter import cache_entry, codec
 from snapshotter.cache import DiskCache
 from snapshotter.config import CacheConfig, LoaderConfig
 from snapshotter.errors import IntegrityError
@@ -75,6 +75,29 @@ def test_corrupt_chunk_is_caught_on_the_host_before_the_copy(
     registry.put_chunk(victim.digest, bytes(obj))
     with pytest.raises(IntegrityError, match=victim.digest):
         Snapshotter(registry).load("llama:v1", "cuda")
+
+
+def test_a_flipped_byte_in_the_disk_cache_is_caught_on_the_host_and_refetched(
+    tmp_path: Path, llama_dir: Path
+) -> None:
+    registry = Registry(LocalStore(tmp_path / "store"))
+    digest = push(registry, llama_dir, "llama:v1")
+    cache_config = CacheConfig(directory=tmp_path / "cache")
+    Snapshotter(registry, DiskCache(cache_config)).load(digest, "cuda")  # fills the cache
+    manifest = registry.get_manifest(digest)
+    f = manifest.safetensors_files()[0]
+    assert f.safetensors is not None
+    victim = next(c for c in f.chunks if c.offset >= f.safetensors.data_offset)
+    entry = DiskCache(cache_config).path(victim.digest)
+    damaged = bytearray(entry.read_bytes())
+    damaged[cache_entry.HEADER_SIZE + victim.size // 2] ^= 0x10
+    entry.write_bytes(bytes(damaged))
+
+    snap = Snapshotter(registry, DiskCache(cache_config))
+    tensors = snap.load(digest, "cuda")  # checked by its checksum in the pinned slot
+    assert_same_tensors(tensors, expected_tensors(llama_dir))
+    counters = snap.source.counters()
+    assert (counters.cache_corrupt, counters.store_gets) == (1, 1)
 
 
 def test_meta_module_fill_on_cuda(tmp_path: Path, llama_dir: Path) -> None:
