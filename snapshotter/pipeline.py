@@ -5,7 +5,7 @@
     main thread         fetch pool (I/O)             decode pool (CPU)
     for w in order:
       sem.acquire(w) -> target = placer.target(w)
-                        fetched = source.fetch(w) -> source.finish(fetched)  # decode, blake3
+                        fetched = source.fetch(w) -> source.finish(fetched)  # decode; check
                                                      placer.commit(w)        # copy / async H2D
                                                      sem.release(w)
 
