@@ -19,8 +19,17 @@ mapped from shared memory instead, reading no chunk; a fresh load is kept in
 the tier for the next start (``snapshotter.loader_ram``).
 
 On failure no tensor is returned: ``IntegrityError`` names the artifact and
-the chunk. The pipeline is ``snapshotter.pipeline``; the plan (which chunk
-goes where, in which order) is ``snapshotter.load_plan``.
+the chunk.
+
+The load side is layered; each module imports only those below it::
+
+    loader        composes them: resolve, plan, RAM tier or pipeline, a placer per device
+    loader_cpu  loader_ram  loader_cuda     placers per target (RAM tier: map or keep)
+    pipeline      fetch -> check -> place over a ChunkSource (snapshotter.source)
+    load_plan     which chunk goes where, in which order (snapshotter.profile)
+    load_types    LoadedTensors, LoadReport: what module_fill and profile also use
+
+``module_fill`` sits beside the loader and imports only ``load_types``.
 """
 
 from __future__ import annotations
@@ -28,8 +37,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -39,10 +48,12 @@ from snapshotter.config import LoaderConfig
 from snapshotter.errors import IntegrityError, StoreError
 from snapshotter.host_arena import HostArena, arena_bytes
 from snapshotter.leases import LeaseKeeper
-from snapshotter.load_plan import ChunkWork, LoadPlan, plan_load, tensor_view
-from snapshotter.loader_ram import keep, place_held
+from snapshotter.load_plan import LoadPlan, plan_load, tensor_view
+from snapshotter.load_types import LoadedTensors, LoadReport, StageReport
+from snapshotter.loader_cpu import CpuPlacer
+from snapshotter.loader_ram import ToDevice, keep, place_held
 from snapshotter.manifest import Manifest
-from snapshotter.pipeline import StageTotals, Target, run_pipeline
+from snapshotter.pipeline import StageTotals, run_pipeline
 from snapshotter.ram_tier import RamTier
 from snapshotter.registry import Reference, Registry
 from snapshotter.source import ChunkSource
@@ -53,82 +64,6 @@ if TYPE_CHECKING:
     from control_plane.settings import Settings
     from snapshotter.loader_cuda import StagingPool
     from snapshotter.module_fill import ModuleLoadResult
-
-
-@dataclass(frozen=True)
-class StageReport:
-    """One stage: bytes it handled and thread-busy seconds summed over chunks."""
-
-    bytes: int
-    seconds: float
-
-
-@dataclass(frozen=True)
-class LoadReport:
-    ref: str
-    manifest_digest: str
-    device: str
-    tensor_bytes: int
-    chunks: int
-    fetch: StageReport  # stored bytes from cache or store
-    verify_decompress: StageReport  # raw bytes decoded and hashed
-    place: StageReport  # raw bytes put in the buffers (CPU: decoded in place; CUDA: H2D copy)
-    cache_hit_bytes: int  # bytes read from the disk cache (its entries are raw)
-    store_bytes: int  # stored bytes fetched from the store
-    cache_hits: int
-    store_gets: int
-    peak_inflight_bytes: int
-    setup_s: float  # resolve, manifest, plan, buffer allocation
-    wall_s: float  # whole call
-    ram_tier_bytes: int = 0  # tensor bytes mapped from the host-RAM tier (then chunks == 0)
-    prefaulted_bytes: int = 0  # buffer bytes carved from prewarmed host memory
-    arena_bytes: int = 0  # prewarmed host memory this load's buffers would need
-    ram_tier_insert_s: float = 0.0  # copying a fresh load into the RAM tier
-
-    @property
-    def tier_bytes(self) -> dict[str, int]:
-        """Bytes served by each tier: RAM and disk cache raw, store as stored."""
-        return {
-            "ram": self.ram_tier_bytes,
-            "cache": self.cache_hit_bytes,
-            "store": self.store_bytes,
-        }
-
-    @property
-    def gb_per_s(self) -> float:
-        """Tensor bytes per wall second, in GB (1e9 bytes) per second."""
-        return self.tensor_bytes / self.wall_s / 1e9 if self.wall_s > 0 else 0.0
-
-
-class LoadedTensors(dict[str, torch.Tensor]):
-    """name -> tensor, with the load's ``report`` and ``manifest_digest``."""
-
-    report: LoadReport
-    manifest_digest: str
-
-
-class CpuPlacer:
-    """Chunks decode straight into the file buffers; duplicates are memcpy'd."""
-
-    def __init__(self, buffers: list[torch.Tensor]) -> None:
-        self._views = [b.numpy().data for b in buffers]
-
-    def target(self, work: ChunkWork) -> Target:
-        direct = work.direct
-        if direct is None:
-            return Target(memoryview(bytearray(work.chunk.size)))
-        begin = direct.dest_begin
-        return Target(self._views[direct.file_idx][begin : begin + work.chunk.size], direct)
-
-    def commit(self, work: ChunkWork, target: Target) -> None:
-        for p in work.placements:
-            if p is target.handle:
-                continue
-            dest = self._views[p.file_idx]
-            dest[p.dest_begin : p.dest_begin + p.nbytes] = target.view[p.src_begin : p.src_end]
-
-    def abandon(self, work: ChunkWork, target: Target) -> None:
-        return None
 
 
 class Snapshotter:
@@ -296,7 +231,7 @@ class Snapshotter:
             return None
         plan = plan_load(manifest)  # no profile: the order of a mapping does not matter
         setup_s = time.perf_counter() - start
-        held = place_held(self.ram_tier, digest, plan, dev, lambda: self._staging_pool(dev))
+        held = place_held(self.ram_tier, digest, plan, dev, self._to_device(dev))
         if held is None:
             return None
         tensors = _views(plan, held.buffers)
@@ -345,6 +280,16 @@ class Snapshotter:
             sync_s = placer.finish()
         totals.place_s += sync_s
         return totals
+
+    def _to_device(self, dev: torch.device) -> ToDevice:
+        """Host buffers to ``dev`` through this process's staging pool (CUDA only)."""
+
+        def to_device(host: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], float]:
+            from snapshotter.loader_cuda import copy_to_device
+
+            return copy_to_device(host, dev, self._staging_pool(dev))
+
+        return to_device
 
     def _staging_pool(self, dev: torch.device) -> StagingPool:
         from snapshotter.loader_cuda import StagingPool, staging_shape

@@ -15,6 +15,9 @@ completed, so a slot is never overwritten while the GPU still reads it.
 The pool is allocated once (``Snapshotter.prewarm(device)`` lets a pre-warmed
 process do it before any request) and reused by every later load. A chunk
 larger than a slot gets a one-off pinned buffer, dropped after its copy.
+
+``copy_to_device`` takes a RAM-tier hit (pageable host mappings) to the
+device through the same pool; the loader hands it to ``loader_ram``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -130,3 +134,32 @@ class CudaPlacer:
         start = time.perf_counter()
         self._stream.synchronize()
         return time.perf_counter() - start
+
+
+def copy_to_device(
+    host: Sequence[torch.Tensor], dev: torch.device, pool: StagingPool
+) -> tuple[list[torch.Tensor], float]:
+    """Copy pageable host buffers to new device buffers through pinned slots.
+
+    A pageable source would make the driver stage through its own small
+    pinned buffer synchronously; the loader's slot ring lets the host memcpy
+    of one slot overlap the DMA of the previous ones. Returns (device
+    buffers, seconds); every copy has completed on return.
+    """
+    start = time.perf_counter()
+    out = [torch.empty(src.numel(), dtype=torch.uint8, device=dev) for src in host]
+    stream = torch.cuda.Stream(device=dev)
+    # The buffers were allocated on the current stream; the copies must follow that.
+    stream.wait_stream(torch.cuda.current_stream(dev))
+    for src, dst in zip(host, out, strict=True):
+        for begin in range(0, src.numel(), pool.slot_bytes):
+            nbytes = min(pool.slot_bytes, src.numel() - begin)
+            slot = pool.acquire(nbytes)
+            slot[:nbytes].copy_(src[begin : begin + nbytes])
+            with torch.cuda.stream(stream):
+                dst[begin : begin + nbytes].copy_(slot[:nbytes], non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(stream)
+            pool.release_after(slot, event)
+    stream.synchronize()
+    return out, time.perf_counter() - start

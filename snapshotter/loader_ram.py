@@ -22,7 +22,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,8 +29,9 @@ from snapshotter.load_plan import LoadPlan
 from snapshotter.pipeline import StageTotals
 from snapshotter.ram_tier import RamTier
 
-if TYPE_CHECKING:
-    from snapshotter.loader_cuda import StagingPool
+# Host buffers -> (the same bytes on the target device, seconds); the CUDA placer's
+# ``snapshotter.loader_cuda.copy_to_device`` with its pool, given by the loader.
+ToDevice = Callable[[Sequence[torch.Tensor]], tuple[list[torch.Tensor], float]]
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def place_held(
     digest: str,
     plan: LoadPlan,
     dev: torch.device,
-    staging: Callable[[], StagingPool],
+    to_device: ToDevice,
 ) -> HeldLoad | None:
     """The plan's buffers from the tier on ``dev``, or None when it does not hold them.
 
@@ -65,7 +65,7 @@ def place_held(
     copy_s = 0.0
     buffers = hit.buffers
     if dev.type == "cuda":
-        buffers, copy_s = copy_to_device(hit.buffers, dev, staging())
+        buffers, copy_s = to_device(hit.buffers)
     nbytes = hit.total_bytes
     totals = StageTotals(
         fetch_s=hit.map_s,
@@ -104,32 +104,3 @@ def keep(
         if mapped is not None:
             buffers = mapped
     return buffers, time.perf_counter() - start
-
-
-def copy_to_device(
-    host: Sequence[torch.Tensor], dev: torch.device, pool: StagingPool
-) -> tuple[list[torch.Tensor], float]:
-    """Copy pageable host buffers to new device buffers through pinned slots.
-
-    A pageable source would make the driver stage through its own small
-    pinned buffer synchronously; the loader's slot ring lets the host memcpy
-    of one slot overlap the DMA of the previous ones. Returns (device
-    buffers, seconds); every copy has completed on return.
-    """
-    start = time.perf_counter()
-    out = [torch.empty(src.numel(), dtype=torch.uint8, device=dev) for src in host]
-    stream = torch.cuda.Stream(device=dev)
-    # The buffers were allocated on the current stream; the copies must follow that.
-    stream.wait_stream(torch.cuda.current_stream(dev))
-    for src, dst in zip(host, out, strict=True):
-        for begin in range(0, src.numel(), pool.slot_bytes):
-            nbytes = min(pool.slot_bytes, src.numel() - begin)
-            slot = pool.acquire(nbytes)
-            slot[:nbytes].copy_(src[begin : begin + nbytes])
-            with torch.cuda.stream(stream):
-                dst[begin : begin + nbytes].copy_(slot[:nbytes], non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(stream)
-            pool.release_after(slot, event)
-    stream.synchronize()
-    return out, time.perf_counter() - start

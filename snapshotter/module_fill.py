@@ -34,7 +34,7 @@ from snapshotter.errors import SnapshotterError
 from snapshotter.skeleton import rebuilt_buffer
 
 if TYPE_CHECKING:
-    from snapshotter.loader import LoadedTensors, LoadReport
+    from snapshotter.load_types import LoadedTensors, LoadReport
 
 _LISTED = 10  # names quoted in a message; the count says how many in all
 

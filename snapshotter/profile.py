@@ -28,7 +28,7 @@ from snapshotter.registry import Registry
 if TYPE_CHECKING:
     import torch
 
-    from snapshotter.loader import LoadedTensors
+    from snapshotter.load_types import LoadedTensors
 
 
 def _name_ranges(manifest: Manifest) -> dict[str, tuple[int, int, int]]:

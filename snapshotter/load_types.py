@@ -1,0 +1,60 @@
+"""What a load returns: the tensors and the report of how they came (shared by the loader,
+``snapshotter.module_fill`` and ``snapshotter.profile``, which import only this)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """One stage: bytes it handled and thread-busy seconds summed over chunks."""
+
+    bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    ref: str
+    manifest_digest: str
+    device: str
+    tensor_bytes: int
+    chunks: int
+    fetch: StageReport  # stored bytes from cache or store
+    verify_decompress: StageReport  # raw bytes decoded and hashed
+    place: StageReport  # raw bytes put in the buffers (CPU: decoded in place; CUDA: H2D copy)
+    cache_hit_bytes: int  # bytes read from the disk cache (its entries are raw)
+    store_bytes: int  # stored bytes fetched from the store
+    cache_hits: int
+    store_gets: int
+    peak_inflight_bytes: int
+    setup_s: float  # resolve, manifest, plan, buffer allocation
+    wall_s: float  # whole call
+    ram_tier_bytes: int = 0  # tensor bytes mapped from the host-RAM tier (then chunks == 0)
+    prefaulted_bytes: int = 0  # buffer bytes carved from prewarmed host memory
+    arena_bytes: int = 0  # prewarmed host memory this load's buffers would need
+    ram_tier_insert_s: float = 0.0  # copying a fresh load into the RAM tier
+
+    @property
+    def tier_bytes(self) -> dict[str, int]:
+        """Bytes served by each tier: RAM and disk cache raw, store as stored."""
+        return {
+            "ram": self.ram_tier_bytes,
+            "cache": self.cache_hit_bytes,
+            "store": self.store_bytes,
+        }
+
+    @property
+    def gb_per_s(self) -> float:
+        """Tensor bytes per wall second, in GB (1e9 bytes) per second."""
+        return self.tensor_bytes / self.wall_s / 1e9 if self.wall_s > 0 else 0.0
+
+
+class LoadedTensors(dict[str, torch.Tensor]):
+    """name -> tensor, with the load's ``report`` and ``manifest_digest``."""
+
+    report: LoadReport
+    manifest_digest: str
