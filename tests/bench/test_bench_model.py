@@ -97,9 +97,9 @@ def test_an_adapter_of_another_width_is_refused_naming_the_weight(
 def test_room_problem_names_what_is_short() -> None:
     assert room_problem(Room(GIB, 2 * GIB, GIB, 2 * GIB)) is None
     why = room_problem(Room(3 * GIB, GIB, GIB, 2 * GIB))
-    assert why is not None and "disk: needs 3.0 GiB, 1.0 free" in why and "RAM" not in why
+    assert why is not None and "disk: needs 3.0 GiB, 1.0 GiB free" in why and "RAM" not in why
     why = room_problem(Room(GIB, 2 * GIB, 5 * GIB, GIB))
-    assert why is not None and "RAM: needs 5.0 GiB, 1.0 available" in why
+    assert why is not None and "RAM: needs 5.0 GiB, 1.0 GiB available" in why
 
 
 def _sparse_model(root: Path, tensor_bytes: int) -> Path:
