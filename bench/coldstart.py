@@ -116,6 +116,8 @@ def parse_args(argv: list[str]) -> Options:
         p.error("--trials must be at least 1")
     if a.model is None and (a.adapter or a.keep):
         p.error("--adapter and --keep go with --model")
+    if a.model is not None and (a.quick or a.png):
+        p.error("--model measures that model: --quick and --png are for the example's run")
     png = a.png or a.data_dir / "coldstart.png"
     model = (a.model, tuple(a.adapter), a.keep)
     return Options(trials, a.quick, a.json, png, a.data_dir, *model)

@@ -215,3 +215,11 @@ def test_load_on_a_users_model_reports_its_files(
     assert rows["thaw/warm"]["thaw_report"]["store_bytes"] == 0  # from the disk cache
     kept = [p.name for p in data.iterdir()]
     assert len(kept) == 1 and kept[0].startswith("load-model-")  # --keep kept the store
+
+
+def test_options_of_the_synthetic_runs_do_not_mix_with_model(tmp_path: Path) -> None:
+    for parse, extra in ((coldstart.parse_args, "--quick"), (load.parse_args, "--size-mb=8")):
+        with pytest.raises(SystemExit):
+            parse(["--model", str(tmp_path), extra])
+    with pytest.raises(SystemExit):
+        coldstart.parse_args(["--adapter", str(tmp_path)])  # an adapter needs --model
