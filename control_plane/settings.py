@@ -13,7 +13,7 @@
 | cache_min_free_bytes       | THAW_CACHE_MIN_FREE_BYTES    | 64 MiB (less free on the cache disk: worker unhealthy) |
 | ram_tier_dir               | THAW_RAM_TIER_DIR            | /dev/shm/thaw-<home hash> |
 | ram_tier_max_bytes         | THAW_RAM_TIER_MAX_BYTES      | 25% of RAM (0: off)  |
-| ram_tier_verify            | THAW_RAM_TIER_VERIFY         | true (hash on read)  |
+| ram_tier_verify            | THAW_RAM_TIER_VERIFY         | true (checksum on read) |
 | chunk_size_bytes           | THAW_CHUNK_SIZE_BYTES        | 8 MiB                |
 | loader_max_inflight_bytes  | THAW_LOADER_MAX_INFLIGHT_BYTES | 256 MiB            |
 | loader_fetch_threads       | THAW_LOADER_FETCH_THREADS    | 16                   |
