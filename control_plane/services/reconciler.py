@@ -11,7 +11,8 @@ One pass for a function (``reconcile_function``):
 3. drain replicas of versions that are no longer active.
 
 ``tick`` adds the housekeeping: lost workers, calls past their deadline,
-replicas of deleted functions, gauges. Messages are collected in an
+replicas of deleted functions, gauges (every ``GAUGES_EVERY_S``; a scrape
+refreshes them too). Messages are collected in an
 ``Outbox`` and sent only after the transaction commits (a worker must never
 see a call the database does not yet show as dispatched); a failed send puts
 the call back in the queue.
@@ -56,6 +57,9 @@ from control_plane.services.states import IN_FLIGHT_CALL_STATES, NON_FINAL_CALL_
 from control_plane.tracing import call_traceparent
 
 log = logging.getLogger(__name__)
+
+# A scrape of /metrics refreshes the gauges itself; ticks keep them this fresh between.
+GAUGES_EVERY_S = 5.0
 RECONCILE_LOCK = "reconcile"
 
 
@@ -66,6 +70,9 @@ class Outbox:
     runs: list[tuple[str, RunCall]] = field(default_factory=list)
     direct_runs: list[Claim] = field(default_factory=list)  # over the worker's direct port
     touched_calls: list[str] = field(default_factory=list)
+    # The workers' breakers, read once a pass (every function's routing and scaling
+    # asks; nothing in a pass changes them)
+    breakers: dict[str, worker_health.BreakerState] | None = None
 
 
 class Reconciler:
@@ -74,6 +81,7 @@ class Reconciler:
         # A restarted control plane has heard no heartbeat yet: workers that kept
         # running must not be taken for lost before they had time to send one.
         self._started_at = services.clock()
+        self._gauges_at = float("-inf")
         self.direct = DirectRunner(services, self.kick, self.send_run)
 
     # --- entry points ---------------------------------------------------------
@@ -120,7 +128,9 @@ class Reconciler:
                 for name in live_names:
                     self._reconcile_versions(session, canary.serving(session, name), box)
                 self._drain_orphans(session, live_names, box)
-                self._gauges(session)
+                if now - self._gauges_at >= GAUGES_EVERY_S:
+                    self._gauges(session)
+                    self._gauges_at = now
             self._send(box)
 
     # --- one function ---------------------------------------------------------
@@ -147,7 +157,7 @@ class Reconciler:
     def _finish(self, session: Session, fn: ActiveVersion, now: float, box: Outbox) -> None:
         """A version that takes no new calls but still holds queued ones: one replica
         of it, started if none is live, serves them; it drains once they are done."""
-        open_workers = set(self._breakers(session, now))
+        open_workers = set(self._breakers(session, now, box))
         mine = [
             r
             for r in replicas.live(session, fn.name)
@@ -164,7 +174,7 @@ class Reconciler:
         ).all()
         if not queued:
             return
-        breakers = self._breakers(session, now)
+        breakers = self._breakers(session, now, box)
         places: dict[str, replicas.ReplicaHome] = {}
         live = replicas.views(session, fn.name, places)
         worker_of = {rid: place.worker_id for rid, place in places.items()}
@@ -184,6 +194,7 @@ class Reconciler:
             probed = done.place.worker_id
             if breakers.get(probed) == "half_open":  # one probe call, then wait for it
                 views = {k: v for k, v in views.items() if worker_of.get(k) != probed}
+                box.breakers = None  # it has a call in flight now: read again
             if self.direct.enabled and not call.stream:
                 box.direct_runs.append(direct_calls.claim_of(fn.name, call, done))
             else:
@@ -193,7 +204,7 @@ class Reconciler:
     def _scale(self, session: Session, fn: ActiveVersion, now: float, box: Outbox) -> None:
         scaling = fn.spec.scaling
         # Replicas on a worker whose breaker is open serve nothing: they do not count.
-        open_workers = set(self._breakers(session, now))  # open or half-open (probing)
+        open_workers = set(self._breakers(session, now, box))  # open or half-open (probing)
         mine = [
             r
             for r in replicas.live(session, fn.name)
@@ -223,7 +234,7 @@ class Reconciler:
         t0 = time.perf_counter()
         request = ReplicaRequest(fn.name, fn.spec.device, fn.model_digest, _model_bytes(self.s, fn))
         try:
-            placement = self._place(session, fn.name, request, now)
+            placement = self._place(session, fn.name, request, now, box)
         except NoCapacityError as exc:
             # Every tick retries; say it once per function until the reason changes.
             if self.s.placement_errors.get(fn.name) != str(exc):
@@ -246,13 +257,13 @@ class Reconciler:
         return True
 
     def _place(
-        self, session: Session, function: str, request: ReplicaRequest, now: float
+        self, session: Session, function: str, request: ReplicaRequest, now: float, box: Outbox
     ) -> Placement:
         """On a worker whose breaker is closed; failing that, as a probe, on a half-open
         one that runs no replica of ``function`` yet (a breaker's way back that does
         not need a replica to exist). Raises ``NoCapacityError``."""
         snapshots = workers.snapshots(session)
-        breakers = self._breakers(session, now)
+        breakers = self._breakers(session, now, box)
         try:
             return place(request, worker_health.without_open(snapshots, breakers))
         except NoCapacityError:
@@ -262,10 +273,14 @@ class Reconciler:
                 raise
             return place(request, worker_health.without_open(snapshots, probe, probing=True))
 
-    def _breakers(self, session: Session, now: float) -> dict[str, worker_health.BreakerState]:
-        s = self.s.settings
-        threshold, interval_s = s.worker_failure_threshold, s.worker_probe_interval_s
-        return worker_health.states(session, now, threshold, interval_s)
+    def _breakers(
+        self, session: Session, now: float, box: Outbox
+    ) -> dict[str, worker_health.BreakerState]:
+        if box.breakers is None:
+            s = self.s.settings
+            threshold, interval_s = s.worker_failure_threshold, s.worker_probe_interval_s
+            box.breakers = worker_health.states(session, now, threshold, interval_s)
+        return box.breakers
 
     def _drain_if_idle(self, session: Session, r: Replica, reason: str, box: Outbox) -> None:
         if replicas.outstanding(session, [r.id]).get(r.id, 0):
