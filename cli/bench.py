@@ -4,6 +4,7 @@
     thaw bench coldstart --model DIR [--adapter DIR ...] [--trials N] [--keep] [--json]
     thaw bench load [--model DIR] [--trials N] [--methods ...] [--keep] [--json PATH|-]
     thaw bench llm [--model DIR] [--quick] [--streams 1,8,32] [--json PATH] ...
+    thaw bench guidellm [--model DIR] [--concurrency 1,4] [--seconds 30] [--json PATH] ...
 
 They start their own thaw installations (server + worker processes) and
 stores; nothing of the caller's ``THAW_*`` setup is used.
@@ -124,6 +125,31 @@ def llm(
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
     from bench.llm import check_model_dir, main
+
+    if model is not None and (why := check_model_dir(model)) is not None:
+        raise fail(f"--model: {why}")
+    argv = [*(["--model", str(model)] if model is not None else []), *ctx.args]
+    raise typer.Exit(main(argv))
+
+
+@app.command(
+    "guidellm",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def guidellm(
+    ctx: typer.Context,
+    model: Annotated[
+        Path | None, typer.Option(help="a model directory (default: the bench's example)")
+    ] = None,
+) -> None:
+    """guidellm beside thaw loadtest on the same load, from guidellm's own environment
+    (made on the first run; every option of bench/guidellm.py passes on)."""
+    if not (REPO_ROOT / "bench" / "guidellm.py").is_file():
+        raise fail(f"{REPO_ROOT / 'bench'} is missing: run `thaw bench` from a thaw checkout")
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    from bench.guidellm import main
+    from bench.llm import check_model_dir
 
     if model is not None and (why := check_model_dir(model)) is not None:
         raise fail(f"--model: {why}")

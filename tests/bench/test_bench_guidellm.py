@@ -4,6 +4,8 @@ itself needs guidellm's own environment: ``python bench/guidellm.py``)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,7 @@ def loadtest_doc(ttft: float, tpot: float, tokens_per_s: float, calls: int = 12)
     }
 
 
+REPO = Path(__file__).resolve().parents[2]
 SERVER = {"server_ttft_p50": 300.0, "server_tpot_p50": 90.0}
 
 
@@ -127,3 +130,13 @@ def test_bad_options_are_named(capsys: pytest.CaptureFixture[str]) -> None:
         assert says in capsys.readouterr().err
     args = parse_args(["--quick", "--seconds", "30"])
     assert args.seconds == 8.0 and args.concurrency == [1, 4]
+
+
+def test_thaw_bench_guidellm_refuses_a_directory_that_is_not_a_model(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not unpickled")
+    cmd = [sys.executable, "-m", "cli.main", "bench", "guidellm", "--model", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    said = " ".join(proc.stderr.split())
+    assert "has no .safetensors weights" in said and "convert to safetensors" in said
