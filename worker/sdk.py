@@ -24,7 +24,7 @@ bundle, makes one instance per replica with no arguments, and then::
             # Optional. A call named an adapter the spec does not list
             # (NAME:TAG as pushed with `thaw models push`): the worker fetched
             # it onto ctx.device and added it to ctx.adapters under that name;
-            # add it to the model (PEFT: add_adapter + set_peft_model_state_dict).
+            # add it to the model (PEFT: self.model = adapter.add_to(self.model)).
             ...
 
         def unload_adapter(self, name: str) -> None:
@@ -117,6 +117,21 @@ class Adapter:
     name: str
     tensors: dict[str, Any]
     config: dict[str, Any]
+
+    def add_to(self, model: Any) -> Any:
+        """``model`` with this adapter loaded too, in eval mode: wrapped in a PEFT
+        ``PeftModel`` on the first adapter, added to it after (``set_adapter`` picks
+        the one a call runs with)."""
+        from peft import LoraConfig, PeftModel, set_peft_model_state_dict
+
+        fields = LoraConfig.__dataclass_fields__
+        config = LoraConfig(**{k: v for k, v in self.config.items() if k in fields})
+        if isinstance(model, PeftModel):
+            model.add_adapter(self.name, config)
+        else:
+            model = PeftModel(model, config, adapter_name=self.name)
+        set_peft_model_state_dict(model, self.tensors, adapter_name=self.name)
+        return model.eval()
 
 
 @dataclass

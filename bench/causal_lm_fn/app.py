@@ -33,7 +33,7 @@ class CausalLM:
         self.model: Any = model.eval()
         self.ids = forward_ids(config.vocab_size).to(ctx.device)
         for adapter in ctx.adapters.values():
-            self.model = _add_adapter(self.model, adapter)
+            self.model = adapter.add_to(self.model)
 
     def __call__(self, input: Any, call: Any) -> Any:
         with torch.inference_mode():
@@ -41,17 +41,3 @@ class CausalLM:
                 self.model.set_adapter(call.adapter)
             self.model(input_ids=self.ids)
         return {"tokens": int(self.ids.shape[1]), "adapter": call.adapter}
-
-
-def _add_adapter(model: Any, adapter: Any) -> Any:
-    """``model`` with ``adapter`` loaded too (wrapped by PEFT on the first one)."""
-    from peft import LoraConfig, PeftModel, set_peft_model_state_dict
-
-    fields = LoraConfig.__dataclass_fields__
-    config = LoraConfig(**{k: v for k, v in adapter.config.items() if k in fields})
-    if isinstance(model, PeftModel):
-        model.add_adapter(adapter.name, config)
-    else:
-        model = PeftModel(model, config, adapter_name=adapter.name)
-    set_peft_model_state_dict(model, adapter.tensors, adapter_name=adapter.name)
-    return model.eval()

@@ -56,7 +56,7 @@ class TextGen:
     def load_adapter(self, adapter: Any) -> None:
         """Add a LoRA adapter to the model (PEFT); the worker calls this for new ones."""
         with self.lock:
-            self.model = _add_adapter(self.model, adapter)
+            self.model = adapter.add_to(self.model)  # PEFT (worker/sdk.py)
             self.adapters = sorted({*self.adapters, adapter.name})
 
     def unload_adapter(self, name: str) -> None:
@@ -167,17 +167,3 @@ def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator) 
         return int(torch.argmax(logits))
     probs = torch.softmax(logits / temperature, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
-
-
-def _add_adapter(model: Any, adapter: Any) -> Any:
-    """``model`` with ``adapter`` loaded too (wrapped by PEFT on the first one)."""
-    from peft import LoraConfig, PeftModel, set_peft_model_state_dict
-
-    fields = LoraConfig.__dataclass_fields__
-    config = LoraConfig(**{k: v for k, v in adapter.config.items() if k in fields})
-    if isinstance(model, PeftModel):
-        model.add_adapter(adapter.name, config)
-    else:
-        model = PeftModel(model, config, adapter_name=adapter.name)
-    set_peft_model_state_dict(model, adapter.tensors, adapter_name=adapter.name)
-    return model.eval()

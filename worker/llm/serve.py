@@ -59,7 +59,7 @@ class LLMReplica:
         if options.dtype != "auto" and getattr(torch, options.dtype) != stored:
             model = model.to(getattr(torch, options.dtype))  # one cast, at start
         for adapter in adapters or []:
-            model = _add_adapter(model, adapter)
+            model = adapter.add_to(model)
         self.adapters = sorted(a.name for a in adapters or [])
         self.model = model.eval()
         self.tokenizer: Any = AutoTokenizer.from_pretrained(files)
@@ -237,20 +237,6 @@ def _weights_dtype(weights: Any) -> Any:
         if tensor.is_floating_point():
             return tensor.dtype
     return None
-
-
-def _add_adapter(model: Any, adapter: Any) -> Any:
-    """``model`` with the LoRA ``adapter`` (a thaw ``Adapter``) loaded too (peft)."""
-    from peft import LoraConfig, PeftModel, set_peft_model_state_dict
-
-    fields = LoraConfig.__dataclass_fields__
-    config = LoraConfig(**{k: v for k, v in adapter.config.items() if k in fields})
-    if isinstance(model, PeftModel):
-        model.add_adapter(adapter.name, config)
-    else:
-        model = PeftModel(model, config, adapter_name=adapter.name)
-    set_peft_model_state_dict(model, adapter.tensors, adapter_name=adapter.name)
-    return model
 
 
 def _eos_ids(config: Any, tokenizer: Any) -> list[int]:
