@@ -12,7 +12,9 @@ stores; nothing of the caller's ``THAW_*`` setup is used.
 
 from __future__ import annotations
 
+import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -23,6 +25,26 @@ from cli.control import fail
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 app = typer.Typer(no_args_is_help=True, help="Benchmarks (from a checkout of the repository).")
+
+
+def _bench_main(script: str) -> Callable[[list[str]], int]:
+    """``main`` of ``bench/<script>.py`` in this checkout."""
+    if not (REPO_ROOT / "bench" / f"{script}.py").is_file():
+        raise fail(f"{REPO_ROOT / 'bench'} is missing: run `thaw bench` from a thaw checkout")
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    main: Callable[[list[str]], int] = importlib.import_module(f"bench.{script}").main
+    return main
+
+
+def _pass_on(script: str, model: Path | None, args: list[str]) -> None:
+    """Run ``bench/<script>.py`` with ``--model`` (checked first) and ``args`` as given."""
+    main = _bench_main(script)
+    from bench.llm import check_model_dir
+
+    if model is not None and (why := check_model_dir(model)) is not None:
+        raise fail(f"--model: {why}")
+    raise typer.Exit(main([*(["--model", str(model)] if model is not None else []), *args]))
 
 
 @app.command("coldstart")
@@ -52,11 +74,7 @@ def coldstart(
 ) -> None:
     """Cold starts: naive vs thaw (pool hit, pool miss, S3), warm calls, adapter switch, trace;
     with --model, naive vs thaw's pool miss, pool hit and RAM tier for that model."""
-    if not (REPO_ROOT / "bench" / "coldstart.py").is_file():
-        raise fail(f"{REPO_ROOT / 'bench'} is missing: run `thaw bench` from a thaw checkout")
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    from bench.coldstart import main
+    main = _bench_main("coldstart")
 
     argv = [*(["--trials", str(trials)] if trials is not None else [])]
     argv += [*(["--png", str(png)] if png is not None else [])]
@@ -95,11 +113,7 @@ def load(
 ) -> None:
     """Loaders: thaw (store, disk cache, RAM tier) vs safetensors, mmap, installed peers,
     raw read and memcpy ceilings: GB/s and ratios."""
-    if not (REPO_ROOT / "bench" / "load.py").is_file():
-        raise fail(f"{REPO_ROOT / 'bench'} is missing: run `thaw bench` from a thaw checkout")
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    from bench.load import main
+    main = _bench_main("load")
 
     options = {"--model": model, "--trials": trials, "--methods": methods}
     options |= {"--size-mb": size_mb, "--json": json, "--data-dir": data_dir}
@@ -120,16 +134,7 @@ def llm(
 ) -> None:
     """LLM streams and cold start: thaw's OpenAI routes beside the engine in-process,
     sequential generate and transformers serve (every option of bench/llm.py passes on)."""
-    if not (REPO_ROOT / "bench" / "llm.py").is_file():
-        raise fail(f"{REPO_ROOT / 'bench'} is missing: run `thaw bench` from a thaw checkout")
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    from bench.llm import check_model_dir, main
-
-    if model is not None and (why := check_model_dir(model)) is not None:
-        raise fail(f"--model: {why}")
-    argv = [*(["--model", str(model)] if model is not None else []), *ctx.args]
-    raise typer.Exit(main(argv))
+    _pass_on("llm", model, ctx.args)
 
 
 @app.command(
@@ -144,14 +149,4 @@ def guidellm(
 ) -> None:
     """guidellm beside thaw loadtest on the same load, from guidellm's own environment
     (made on the first run; every option of bench/guidellm.py passes on)."""
-    if not (REPO_ROOT / "bench" / "guidellm.py").is_file():
-        raise fail(f"{REPO_ROOT / 'bench'} is missing: run `thaw bench` from a thaw checkout")
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    from bench.guidellm import main
-    from bench.llm import check_model_dir
-
-    if model is not None and (why := check_model_dir(model)) is not None:
-        raise fail(f"--model: {why}")
-    argv = [*(["--model", str(model)] if model is not None else []), *ctx.args]
-    raise typer.Exit(main(argv))
+    _pass_on("guidellm", model, ctx.args)
