@@ -83,9 +83,10 @@ def check_adapter(path: Path, model: Checked) -> None:
     if isinstance(modules, str):
         modules = [modules]
     stems = {name.removesuffix(".weight") for name in model.tensors}
-    for module in modules:
-        if not any(s == module or s.endswith(f".{module}") for s in stems):
-            raise BadInput(f"{where}: the model has no module named {module!r}")
+    missing = [m for m in sorted(modules) if not any(s == m or s.endswith(f".{m}") for s in stems)]
+    if missing:
+        names = " or ".join(repr(m) for m in missing)
+        raise BadInput(f"{where}: the model has no module named {names}")
     pairs: dict[str, dict[str, tuple[int, ...]]] = {}
     for f in listed.files:
         for t in f.safetensors.tensors if f.safetensors else ():
