@@ -16,13 +16,19 @@ The pool is allocated once (``Snapshotter.prewarm(device)`` lets a pre-warmed
 process do it before any request) and reused by every later load. A chunk
 larger than a slot gets a one-off pinned buffer, dropped after its copy.
 
-``copy_to_device`` takes a RAM-tier hit (pageable host mappings) to the
-device through the same pool; the loader hands it to ``loader_ram``.
+``copy_to_device`` takes a RAM-tier hit to the device. The hit's mappings are
+read-only and shared (``snapshotter.ram_tier``), so they can be registered as
+pinned host memory in place (``cudaHostRegister`` with ``ReadOnly``: the
+kernel pins the tier's own pages, copying none) and copied straight to the
+device with no staging hop; unregistered once the copies are done. Where the
+driver refuses to register them, they go through the same pool as chunks.
+The loader hands it to ``loader_ram``.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -34,6 +40,11 @@ from snapshotter.load_plan import ChunkWork
 from snapshotter.pipeline import Target
 
 _MIN_SLOTS = 2
+# cudaHostRegisterReadOnly (CUDA 11.1+): pin pages the process may only read, such as the
+# RAM tier's PROT_READ mappings; a registration without it asks for write access and fails.
+_HOST_REGISTER_READ_ONLY = 0x08
+
+log = logging.getLogger(__name__)
 
 
 def staging_shape(config: LoaderConfig) -> tuple[int, int]:
@@ -139,14 +150,73 @@ class CudaPlacer:
 def copy_to_device(
     host: Sequence[torch.Tensor], dev: torch.device, pool: StagingPool
 ) -> tuple[list[torch.Tensor], float]:
+    """Copy host buffers (a RAM-tier hit) to new device buffers; returns (device buffers,
+    seconds), every copy completed.
+
+    Registered in place as pinned memory where the driver allows (no staging hop),
+    else through the pool's pinned slots.
+    """
+    start = time.perf_counter()
+    out = copy_registered(host, dev)
+    if out is None:
+        out = _copy_staged(host, dev, pool)
+    return out, time.perf_counter() - start
+
+
+def copy_registered(host: Sequence[torch.Tensor], dev: torch.device) -> list[torch.Tensor] | None:
+    """Register each host buffer as pinned memory (read-only), copy it to ``dev`` with
+    one DMA per buffer, wait, unregister; None when the driver refuses a registration
+    (nothing copied then, nothing left registered).
+
+    The buffers must stay mapped until this returns; they are unregistered before.
+    """
+    cudart = torch.cuda.cudart()
+    registered: list[int] = []
+    try:
+        for src in host:
+            if src.numel() == 0:
+                continue
+            err = cudart.cudaHostRegister(src.data_ptr(), src.numel(), _HOST_REGISTER_READ_ONLY)
+            if err != cudart.cudaError.success:
+                _clear_cuda_error()
+                log.info("host buffers not registered (%s); copying through staging", err)
+                return None
+            registered.append(src.data_ptr())
+        out = [torch.empty(src.numel(), dtype=torch.uint8, device=dev) for src in host]
+        stream = torch.cuda.Stream(device=dev)
+        # The buffers were allocated on the current stream; the copies must follow that.
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(stream):
+            for src, dst in zip(host, out, strict=True):
+                dst.copy_(src, non_blocking=True)
+        stream.synchronize()
+        return out
+    finally:
+        for ptr in registered:
+            cudart.cudaHostUnregister(ptr)
+
+
+def _clear_cuda_error() -> None:
+    """Reset the runtime's last error after a refused registration: torch checks
+    ``cudaGetLastError`` after each kernel launch and would blame an unrelated kernel.
+    torch's ``cudart`` module does not bind it; the process's libcudart does."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).cudaGetLastError()
+    except (OSError, AttributeError):  # libcudart not global: torch may report it later
+        log.warning("could not clear the CUDA error of a refused host registration")
+
+
+def _copy_staged(
+    host: Sequence[torch.Tensor], dev: torch.device, pool: StagingPool
+) -> list[torch.Tensor]:
     """Copy pageable host buffers to new device buffers through pinned slots.
 
     A pageable source would make the driver stage through its own small
     pinned buffer synchronously; the loader's slot ring lets the host memcpy
-    of one slot overlap the DMA of the previous ones. Returns (device
-    buffers, seconds); every copy has completed on return.
+    of one slot overlap the DMA of the previous ones.
     """
-    start = time.perf_counter()
     out = [torch.empty(src.numel(), dtype=torch.uint8, device=dev) for src in host]
     stream = torch.cuda.Stream(device=dev)
     # The buffers were allocated on the current stream; the copies must follow that.
@@ -162,4 +232,4 @@ def copy_to_device(
                 event.record(stream)
             pool.release_after(slot, event)
     stream.synchronize()
-    return out, time.perf_counter() - start
+    return out

@@ -3,10 +3,12 @@
 ::
 
     load(ref, device)
-      manifest held in the tier?  -- yes -> place_held: map the tier's files (MAP_PRIVATE),
+      manifest held in the tier?  -- yes -> place_held: map the tier's files, populated,
                                             check their recorded checksums,
                                             CPU: the mappings ARE the buffers
-                                                    CUDA: mapping -> pinned slot -> device
+                                                 (MAP_PRIVATE: shared, copy-on-write)
+                                            CUDA: read-only shared mappings,
+                                                  registered as pinned -> device
                                   -- no  -> the chunk pipeline (disk cache, store), then
                                             keep: copy the verified buffers into the tier;
                                             CPU: hand back the tier's mappings instead of
@@ -59,7 +61,7 @@ def place_held(
     (0 bytes when the tier does not verify), place = the copy to the device (CPU: none).
     """
     start = time.perf_counter()
-    hit = tier.get(digest, plan.files)
+    hit = tier.get(digest, plan.files, read_only=dev.type == "cuda")
     if hit is None:
         return None
     copy_s = 0.0

@@ -23,10 +23,28 @@ Contracts:
 - A reader never sees a partial entry: an entry is written into a ``.tmp-``
   directory, then renamed into place; removal renames it to ``.trash-`` first.
   Readers take no lock. Data files are read-only (0444) once written.
-- ``get`` maps each data file ``MAP_PRIVATE`` (``torch.from_file(shared=False)``):
-  the returned CPU tensors share the tmpfs pages with the tier and with every
-  other replica (no copy), and a write by the user's function copies the page
-  it touches (copy-on-write), so it can never corrupt the tier.
+- ``get`` maps each data file and fills the mapping's page tables in one call
+  (``madvise(MADV_POPULATE_READ)``, Linux 5.14+; older kernels fault pages on
+  first use), so no fault trickles into the first forward pass. No byte is
+  copied: the returned CPU tensors are the tmpfs pages themselves, shared with
+  the tier and with every other replica mapping the entry (N replicas of a
+  model hold one copy of its weights). The mapping is ``MAP_PRIVATE``: a write
+  by the user's function copies the 4 KiB page it touches into memory private
+  to that replica (copy-on-write), so it can never corrupt the tier or another
+  replica, and costs that replica the pages it wrote. This is what
+  ``torch.load(mmap=True)`` does; a read-only mapping would turn such a write
+  into a ``SIGSEGV`` that kills the replica with no Python error, since torch
+  has no read-only tensors. Not ``MAP_POPULATE``: on a private writable mapping
+  it populates for writing, copying every page.
+- ``get(read_only=True)`` (a load to CUDA) maps ``MAP_SHARED`` + ``PROT_READ``
+  instead: the mappings are only the source of the copy to the device, never
+  handed to the function, and can be registered as pinned memory in place
+  (``snapshotter.loader_cuda``); pinning a private mapping would break its
+  sharing (the kernel gives a long-term pin of a copy-on-write page a copy).
+- Huge pages come from the tmpfs: mounted ``huge=within_size`` (or with
+  ``shmem_enabled`` ``force``), the tier's files are written in 2 MiB pages and
+  the kernel can map them with one entry per 2 MiB; ``/dev/shm`` is usually
+  ``huge=never``, then 4 KiB pages.
 - Eviction may remove an entry that a replica still maps or reads: on Linux an
   unlinked file stays valid for its open mappings, whose pages are freed when
   the last one goes. So readers are never protected by locks; the cap counts
@@ -49,8 +67,8 @@ Contracts:
   processes inserting at once neither overshoot the cap nor write one entry twice.
 - Bandwidth: ``bandwidth.json`` is a moving average of (bytes / seconds) of
   loads served from the tier, in any process, for the scheduler's estimates.
-  On the CPU a load's seconds are mapping plus (with ``verify``) hashing, which
-  touches every page; without ``verify`` the pages fault in later, on first use.
+  On the CPU a load's seconds are mapping and populating plus (with ``verify``)
+  hashing.
 
 The entry's file format and I/O live in ``snapshotter.ram_tier_entry``; the
 loader's side (place a hit on the device, keep a fresh load) in
@@ -103,8 +121,9 @@ _BANDWIDTH_NEW_WEIGHT = 0.3
 class RamTierHit:
     """A ``get`` that found the manifest: one CPU uint8 buffer per file, in plan order.
 
-    The buffers are private (copy-on-write) mappings of the tier's files; they
-    belong to the caller and stay valid after the entry is evicted.
+    The buffers are populated mappings of the tier's files (private copy-on-write,
+    or read-only shared); they belong to the caller and stay valid after the entry
+    is evicted. ``map_s`` includes populating them.
     """
 
     buffers: list[torch.Tensor]
@@ -194,17 +213,20 @@ class RamTier:
         return data if digest_bytes(data) == manifest_digest else None
 
     # --- reads ---------------------------------------------------------------
-    def get(self, manifest_digest: str, files: Sequence[FileShape]) -> RamTierHit | None:
+    def get(
+        self, manifest_digest: str, files: Sequence[FileShape], *, read_only: bool = False
+    ) -> RamTierHit | None:
         """Map every file buffer of the manifest, or None (a miss: load it elsewhere).
 
         ``files`` is the load plan's files, in order; an entry that does not
         match them, or (with ``verify``) whose bytes do not match the checksums
-        recorded at insert, is dropped and counted as ``corrupt``.
+        recorded at insert, is dropped and counted as ``corrupt``. ``read_only``:
+        shared read-only mappings, for a copy to a device (see the module docstring).
         """
         start = time.perf_counter()
         entry = self.entry_dir(manifest_digest)
         try:
-            found = _map_entry(entry, files)
+            found = _map_entry(entry, files, read_only)
             if found is None:  # absent, or evicted while we looked
                 self._count(misses=1)
                 return None
@@ -381,9 +403,9 @@ def _list(directory: Path) -> list[Path]:
 
 
 def _map_entry(
-    entry: Path, files: Sequence[FileShape]
+    entry: Path, files: Sequence[FileShape], read_only: bool = False
 ) -> tuple[list[TierFile], list[torch.Tensor]] | None:
-    """(meta, private mappings) of an entry matching ``files``; None when it is absent.
+    """(meta, populated mappings) of an entry matching ``files``; None when it is absent.
 
     Raises ``BadEntry`` when the entry is unreadable or does not match ``files``.
     """
@@ -392,5 +414,5 @@ def _map_entry(
         return None
     if [(f.path, f.data_bytes) for f in meta] != [(f.path, f.data_bytes) for f in files]:
         raise BadEntry("its files differ from the manifest's")
-    buffers = map_all(entry, meta)
+    buffers = map_all(entry, meta, read_only=read_only)
     return None if buffers is None else (meta, buffers)

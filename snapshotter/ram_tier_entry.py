@@ -13,11 +13,14 @@ instead: such a file's bytes are checked with that digest, and its entry's
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import mmap
 import os
 import shutil
 import time
 import uuid
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +36,9 @@ TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
 # Device buffers are written through host pieces of this size.
 _PIECE_BYTES = 64 << 20
+# madvise(2): fault a range's pages in for reading, in one call (Linux 5.14+); Python 3.11's
+# mmap module does not name it.
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 
 
 @dataclass(frozen=True)
@@ -77,10 +83,14 @@ def read_meta(entry: Path) -> list[TierFile] | None:
         raise BadEntry(f"bad meta.json: {exc!r}") from None
 
 
-def map_all(entry: Path, meta: Sequence[TierFile]) -> list[torch.Tensor] | None:
-    """Private mappings of every data file; None if one has vanished (evicted meanwhile).
+def map_all(
+    entry: Path, meta: Sequence[TierFile], *, read_only: bool = False
+) -> list[torch.Tensor] | None:
+    """Mappings of every data file (``map_file``); None if one has vanished (evicted
+    meanwhile).
 
-    Raises ``BadEntry`` when a data file's size differs from its meta.json's.
+    Raises ``BadEntry`` when a data file's size differs from its meta.json's, or
+    its pages cannot be read.
     """
     buffers: list[torch.Tensor] = []
     for i, f in enumerate(meta):
@@ -92,13 +102,53 @@ def map_all(entry: Path, meta: Sequence[TierFile]) -> list[torch.Tensor] | None:
             size_bytes = path.stat().st_size
             if size_bytes != f.data_bytes:
                 raise BadEntry(f"{f.path} holds {size_bytes} bytes, expected {f.data_bytes}")
-            # MAP_PRIVATE: zero-copy reads, copy-on-write for the function's writes.
-            buffers.append(
-                torch.from_file(str(path), shared=False, size=f.data_bytes, dtype=torch.uint8)
-            )
-        except (OSError, RuntimeError):  # gone (evicted meanwhile) or unreadable
+            buffers.append(map_file(path, f.data_bytes, read_only=read_only))
+        except (OSError, ValueError):  # gone (evicted meanwhile), or shrunk since the stat
             return None
     return buffers
+
+
+def map_file(path: Path, nbytes: int, *, read_only: bool = False) -> torch.Tensor:
+    """A CPU uint8 tensor over a data file's tmpfs pages (no copy), populated in one call.
+
+    ``read_only=False`` (tensors handed to the function): ``MAP_PRIVATE``,
+    readable and writable; a write copies the page it touches (copy-on-write).
+    ``read_only=True`` (the source of a copy to a device): ``MAP_SHARED`` and
+    ``PROT_READ``; pinning it (``cudaHostRegister``) pins the tier's own pages,
+    where pinning a private writable mapping would make the kernel give the pin
+    a private copy of every page. A write to it is ``SIGSEGV``: never hand it out.
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if read_only:
+            mapped = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        else:
+            prot = mmap.PROT_READ | mmap.PROT_WRITE
+            mapped = mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE, prot=prot)
+    finally:
+        os.close(fd)  # the mapping keeps its own reference to the file
+    populate(mapped, path)
+    with warnings.catch_warnings():
+        # A read-only buffer: torch warns that it has no read-only tensors; see above.
+        warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)
+        return torch.frombuffer(mapped, dtype=torch.uint8)
+
+
+def populate(mapped: mmap.mmap, path: Path) -> bool:
+    """Map every page of ``mapped`` now, for reading (no copy: the page tables point at
+    the tmpfs pages); False where the kernel cannot (before 5.14: pages then fault in
+    on first use). Raises ``BadEntry`` when a page cannot be read (the file shrank).
+
+    Not ``MAP_POPULATE``: on a private writable mapping it populates for writing,
+    copying every page.
+    """
+    try:
+        mapped.madvise(MADV_POPULATE_READ)
+    except OSError as exc:
+        if exc.errno in (errno.EINVAL, errno.ENOSYS):
+            return False
+        raise BadEntry(f"{path.name} cannot be read: {exc}") from None
+    return True
 
 
 def check_files(meta: Sequence[TierFile], buffers: Sequence[torch.Tensor]) -> list[TierFile]:
