@@ -179,3 +179,23 @@ def test_a_read_only_shared_mapping_for_the_copy_to_a_device(
     with open("/proc/self/maps") as f:
         perms = [line.split()[1] for line in f if str(path) in line]
     assert perms == ["r--s"]  # readable only, shared: pinning it copies nothing
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_copies_the_registered_tier_pages_with_no_copy_on_the_host(
+    held: tuple[Snapshotter, str], tier_config: RamTierConfig
+) -> None:
+    from snapshotter.loader_cuda import copy_registered
+
+    snap, digest = held
+    assert snap.ram_tier is not None
+    entry = snap.ram_tier.entry_dir(digest)
+    paths = [p for p in sorted(entry.glob("*.data")) if p.stat().st_size > 0]
+    host = [ram_tier_entry.map_file(p, p.stat().st_size, read_only=True) for p in paths]
+    out = copy_registered(host, torch.device("cuda"))
+    assert out is not None  # registered, not staged
+    for src, dst in zip(host, out, strict=True):
+        assert dst.is_cuda and torch.equal(dst.cpu(), src)
+    # Pinning a read-only shared mapping pins the tier's pages: none copied for this process.
+    assert tier_mapping_kb(tier_config.directory)["Anonymous"] == 0
