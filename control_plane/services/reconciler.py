@@ -42,6 +42,7 @@ from control_plane.services import (
     functions,
     replicas,
     scale_history,
+    steady,
     worker_health,
     workers,
 )
@@ -73,6 +74,8 @@ class Outbox:
     # The workers' breakers, read once a pass (every function's routing and scaling
     # asks; nothing in a pass changes them)
     breakers: dict[str, worker_health.BreakerState] | None = None
+    # Functions whose pass tried a start or asked for a drain (not steady: ``steady``)
+    acted: set[str] = field(default_factory=set)
 
 
 class Reconciler:
@@ -83,6 +86,7 @@ class Reconciler:
         self._started_at = services.clock()
         self._gauges_at = float("-inf")
         self.direct = DirectRunner(services, self.kick, self.send_run)
+        self._steady = steady.SteadyFunctions()
 
     # --- entry points ---------------------------------------------------------
     def kick(self, function: str) -> None:
@@ -91,6 +95,7 @@ class Reconciler:
             box = Outbox()
             with self.s.db.session() as session:
                 _serialize_across_processes(session)
+                self._steady.forget([function])
                 try:
                     versions = canary.serving(session, function)
                 except NotFoundError:
@@ -125,8 +130,14 @@ class Reconciler:
                 box.touched_calls += self._expire(session, now)
                 box.touched_calls += self._give_up_slow_starts(session, now, box)
                 live_names = set(functions.names(session))
-                for name in live_names:
+                pulses = steady.read(session, self._breakers(session, now, box))
+                for name in sorted(live_names):
+                    pulse = pulses.get(name)
+                    if pulse is not None and self._steady.skip(name, pulse):
+                        continue
                     self._reconcile_versions(session, canary.serving(session, name), box)
+                    if pulse is not None:
+                        self._steady.passed(name, pulse, acted=name in box.acted)
                 self._drain_orphans(session, live_names, box)
                 if now - self._gauges_at >= GAUGES_EVERY_S:
                     self._gauges(session)
@@ -232,6 +243,7 @@ class Reconciler:
 
     def _start(self, session: Session, fn: ActiveVersion, now: float, box: Outbox) -> bool:
         t0 = time.perf_counter()
+        box.acted.add(fn.name)
         request = ReplicaRequest(fn.name, fn.spec.device, fn.model_digest, _model_bytes(self.s, fn))
         try:
             placement = self._place(session, fn.name, request, now, box)
@@ -283,6 +295,7 @@ class Reconciler:
         return box.breakers
 
     def _drain_if_idle(self, session: Session, r: Replica, reason: str, box: Outbox) -> None:
+        box.acted.add(r.function)
         if replicas.outstanding(session, [r.id]).get(r.id, 0):
             return
         r.state = "draining"
