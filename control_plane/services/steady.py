@@ -24,13 +24,15 @@ function's pulse; a process that did not see the kick sees the change in the pul
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call, Canary, Function, FunctionVersion, Replica
+from control_plane.db.session import one_of
 from control_plane.services.autoscaler import load_replicas
 from control_plane.services.states import LIVE_REPLICA_STATES, NON_FINAL_CALL_STATES
 from control_plane.spec import FunctionSpec
@@ -53,48 +55,54 @@ class Pulse:
 
 def read(session: Session, breakers: Mapping[str, str]) -> dict[str, Pulse]:
     """Every function's pulse, by name (a function with no active version has none)."""
-    specs = _served(session)
-    names = list(specs)
-    calls = _calls(session, names, specs)
-    live = _live(session, names)
+    session.flush()  # the reads below run on the connection, past the session
+    conn = session.connection()
+    specs: dict[str, list[tuple[int, float | None, str]]] = {}
+    for name, version, canary, weight, spec in conn.execute(_SERVED):
+        specs.setdefault(name, []).append((version, weight if canary == version else None, spec))
+    calls = _calls(conn.execute(_NON_FINAL_CALLS).all(), specs)
+    live: dict[str, list[tuple[str, int, str, str]]] = {}
+    for name, rid, version, state, worker in conn.execute(_LIVE_REPLICAS):
+        live.setdefault(name, []).append((rid, version, state, worker))
     shared = tuple(sorted(breakers.items()))
     return {
-        name: Pulse(tuple(sorted(served)), calls.get(name, ()), live.get(name, ()), shared)
+        name: Pulse(tuple(sorted(served)), calls.get(name, ()), tuple(live.get(name, ())), shared)
         for name, served in specs.items()
     }
 
 
-def _served(session: Session) -> dict[str, list[tuple[int, float | None, str]]]:
-    """The versions each function serves: the active one and its canary, with specs."""
-    rows = session.execute(
-        select(Function.name, FunctionVersion.version, Canary.version, Canary.weight_pct)
-        .add_columns(FunctionVersion.spec_json)
-        .outerjoin(Canary, Canary.function_id == Function.id)
-        .join(
-            FunctionVersion,
-            and_(
-                FunctionVersion.function_id == Function.id,
-                or_(
-                    FunctionVersion.version == Function.active_version,
-                    FunctionVersion.version == Canary.version,
-                ),
+# ``read``'s statements, built once (every reconcile tick runs them).
+_SERVED = (
+    select(Function.name, FunctionVersion.version, Canary.version, Canary.weight_pct)
+    .add_columns(FunctionVersion.spec_json)
+    .outerjoin(Canary, Canary.function_id == Function.id)
+    .join(
+        FunctionVersion,
+        and_(
+            FunctionVersion.function_id == Function.id,
+            or_(
+                FunctionVersion.version == Function.active_version,
+                FunctionVersion.version == Canary.version,
             ),
-        )
-    ).all()
-    out: dict[str, list[tuple[int, float | None, str]]] = {}
-    for name, version, canary, weight, spec in rows:
-        out.setdefault(name, []).append((version, weight if canary == version else None, spec))
-    return out
+        ),
+    )
+)
+_NON_FINAL_CALLS = (
+    select(Call.function, Call.version, Call.status, func.count(Call.id))
+    .where(one_of(Call.status, NON_FINAL_CALL_STATES))
+    .group_by(Call.function, Call.version, Call.status)
+)
+_LIVE_REPLICAS = (
+    select(Replica.function, Replica.id, Replica.version, Replica.state, Replica.worker_id)
+    .where(one_of(Replica.state, LIVE_REPLICA_STATES))
+    .order_by(Replica.function, Replica.id)
+)
 
 
 def _calls(
-    session: Session, names: list[str], specs: dict[str, list[tuple[int, float | None, str]]]
+    rows: Sequence[Any],  # (function, version, status, count)
+    specs: dict[str, list[tuple[int, float | None, str]]],
 ) -> dict[str, tuple[tuple[int | None, bool, int], ...]]:
-    rows = session.execute(
-        select(Call.function, Call.version, Call.status, func.count(Call.id))
-        .where(Call.function.in_(names), Call.status.in_(NON_FINAL_CALL_STATES))
-        .group_by(Call.function, Call.version, Call.status)
-    ).all()
     per: dict[tuple[str, int | None], list[int]] = {}
     for name, version, status, n in rows:
         counts = per.setdefault((name, version), [0, 0])
@@ -120,18 +128,6 @@ def _by_version(item: tuple[tuple[str, int | None], list[int]]) -> tuple[str, in
 def _capacity(spec_json: str) -> int:
     """The stored spec's ``replica_capacity`` (specs repeat from tick to tick)."""
     return FunctionSpec.model_validate_json(spec_json).replica_capacity
-
-
-def _live(session: Session, names: list[str]) -> dict[str, tuple[tuple[str, int, str, str], ...]]:
-    rows = session.execute(
-        select(Replica.function, Replica.id, Replica.version, Replica.state, Replica.worker_id)
-        .where(Replica.function.in_(names), Replica.state.in_(LIVE_REPLICA_STATES))
-        .order_by(Replica.function, Replica.id)
-    ).all()
-    out: dict[str, list[tuple[str, int, str, str]]] = {}
-    for name, rid, version, state, worker in rows:
-        out.setdefault(name, []).append((rid, version, state, worker))
-    return {name: tuple(v) for name, v in out.items()}
 
 
 @dataclass

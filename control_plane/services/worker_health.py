@@ -35,10 +35,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from sqlalchemy import ColumnElement, and_, func, or_, select
+from sqlalchemy import ColumnElement, and_, bindparam, func, or_, select
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call, Replica, Worker
+from control_plane.db.session import one_of
 from control_plane.services.scheduler import WorkerSnapshot
 from control_plane.services.states import IN_FLIGHT_CALL_STATES
 
@@ -78,20 +79,13 @@ def states(
     out: dict[str, BreakerState] = {}
     if threshold <= 0:
         return out
-    for worker_id in session.scalars(select(Worker.id).where(Worker.lost.is_(False))):
-        on_worker = select(Replica.id).where(Replica.worker_id == worker_id)
-        rows = session.execute(
-            select(Call.status, Call.finished_at)
-            .where(Call.replica_id.in_(on_worker), _judged())
-            .order_by(Call.finished_at.desc())
-            .limit(threshold)
-        ).all()
+    session.flush()  # the reads below run on the connection, past the session
+    conn = session.connection()
+    for (worker_id,) in conn.execute(_LIVE_WORKERS).all():
+        params = {"worker": worker_id, "threshold": threshold}
+        rows = conn.execute(_NEWEST_JUDGED, params).all()
         newest = [Outcome(s != "succeeded", float(t or 0.0)) for s, t in rows]
-        in_flight = session.scalar(
-            select(func.count(Call.id)).where(
-                Call.replica_id.in_(on_worker), Call.status.in_(IN_FLIGHT_CALL_STATES)
-            )
-        )
+        in_flight = conn.execute(_IN_FLIGHT_ON_WORKER, params).scalar()
         state = breaker_state(newest, threshold, probe_interval_s, now, int(in_flight or 0))
         if state != "closed":
             out[worker_id] = state
@@ -101,6 +95,20 @@ def states(
 def _judged() -> ColumnElement[bool]:
     """Outcomes that say something about the worker (see the module docstring)."""
     return or_(Call.status == "succeeded", and_(Call.status == "failed", Call.fault == "replica"))
+
+
+# ``states``' reads, built once (every reconcile tick runs them for every worker).
+_LIVE_WORKERS = select(Worker.id).where(Worker.lost.is_(False))
+_ON_WORKER = select(Replica.id).where(Replica.worker_id == bindparam("worker")).scalar_subquery()
+_NEWEST_JUDGED = (
+    select(Call.status, Call.finished_at)
+    .where(Call.replica_id.in_(_ON_WORKER), _judged())
+    .order_by(Call.finished_at.desc())
+    .limit(bindparam("threshold"))
+)
+_IN_FLIGHT_ON_WORKER = select(func.count(Call.id)).where(
+    Call.replica_id.in_(_ON_WORKER), one_of(Call.status, IN_FLIGHT_CALL_STATES)
+)
 
 
 def without_open(
