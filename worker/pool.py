@@ -225,8 +225,9 @@ class ProcessPool:
         self._zygote_lock = threading.Lock()
         self._warm: dict[str, list[GenericProcess]] = {}
         self._handed_out: list[GenericProcess] = []
-        self._starting = 0
+        self._starting: dict[str, int] = {}  # per device: started to fill the pool, not in yet
         self._lock = threading.Lock()
+        self._filled = threading.Condition(self._lock)  # a start to fill the pool ended
         self._closed = False
 
     def acquire(self, device: str) -> tuple[GenericProcess, bool]:
@@ -258,26 +259,41 @@ class ProcessPool:
     def starting(self) -> int:
         """Processes being started to fill the pool."""
         with self._lock:
-            return self._starting
+            return sum(self._starting.values())
 
     def prewarm(self, device: str) -> None:
-        """Fill the pool for ``device`` up to ``warm_size`` (blocking)."""
-        while not self._closed:
+        """Fill the pool for ``device`` up to ``warm_size``; return when it is full.
+
+        Blocking: where another thread is already starting a process for ``device``,
+        this waits for that start rather than returning before the process is in.
+        Each device counts its own starts: a CPU process being started does not stand
+        in for a CUDA one (a GPU worker pre-warms both at once)."""
+        while True:
             with self._lock:
-                if len(self._warm.get(device, [])) + self._starting >= self.warm_size:
-                    return
-                self._starting += 1
+                while True:
+                    if self._closed:
+                        return
+                    warm = len(self._warm.get(device, []))
+                    starting = self._starting.get(device, 0)
+                    if warm >= self.warm_size:
+                        return
+                    if warm + starting < self.warm_size:
+                        break
+                    self._filled.wait()  # another thread's start for this device
+                self._starting[device] = starting + 1
+            proc: GenericProcess | None = None
             try:
                 proc = self._spawn_prepared(device)
             finally:
                 with self._lock:
-                    self._starting -= 1
-            with self._lock:
-                if not self._closed:
-                    self._warm.setdefault(device, []).append(proc)
-                    continue
-            proc.kill()
-            return
+                    self._starting[device] -= 1
+                    kept = proc is not None and not self._closed
+                    if proc is not None and kept:
+                        self._warm.setdefault(device, []).append(proc)
+                    self._filled.notify_all()
+            if proc is not None and not kept:  # the pool closed while it started
+                proc.kill()
+                return
 
     def _spawn(self, device: str) -> GenericProcess:
         # CUDA processes are spawned afresh: a CUDA context does not survive a fork,
@@ -355,6 +371,7 @@ class ProcessPool:
             self._closed = True
             procs = [p for v in self._warm.values() for p in v]
             self._warm.clear()
+            self._filled.notify_all()
         for proc in procs:
             proc.kill()
         with self._zygote_lock:

@@ -406,6 +406,7 @@ def test_default_ram_tier_is_shared_memory_named_by_home(tmp_path: Path) -> None
     assert a.verify
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_second_start_from_the_ram_tier(
     tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig

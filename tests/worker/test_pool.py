@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -50,6 +51,43 @@ def test_warm_process_skips_generic_phases_and_the_pool_refills() -> None:
 def test_cuda_on_a_machine_without_it_says_so() -> None:
     with pytest.raises(SpawnError, match="torch sees no CUDA device"):
         spawn_generic("cuda")
+
+
+def _while_a_cpu_start_is_under_way(pool: ProcessPool) -> threading.Thread:
+    """A thread filling ``pool`` for the CPU, returned once its start has begun."""
+    filling = threading.Thread(target=pool.prewarm, args=("cpu",))
+    filling.start()
+    deadline = time.monotonic() + 30
+    while pool.starting() == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert pool.starting() == 1
+    return filling
+
+
+def test_prewarm_returns_once_the_process_another_thread_is_starting_is_in() -> None:
+    pool = ProcessPool(warm_size=1)
+    try:
+        filling = _while_a_cpu_start_is_under_way(pool)
+        pool.prewarm("cpu")  # waits for that start instead of starting a second one
+        assert pool.size() == 1 and pool.starting() == 0
+        filling.join(timeout=30)
+        assert pool.size() == 1
+    finally:
+        pool.close()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_cpu_start_under_way_does_not_stand_in_for_a_cuda_one() -> None:
+    pool = ProcessPool(warm_size=1)
+    try:
+        filling = _while_a_cpu_start_is_under_way(pool)
+        # The CUDA fill starts its own process (which, here, says why it cannot run).
+        with pytest.raises(SpawnError, match="torch sees no CUDA device"):
+            pool.prewarm("cuda")
+        filling.join(timeout=30)
+        assert pool.size() == 1
+    finally:
+        pool.close()
 
 
 def model_spec(replica_id: str, registry_dir: Path, model: str, tmp_path: Path) -> ReplicaSpec:
