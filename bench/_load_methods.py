@@ -149,15 +149,19 @@ def method_mmap(spec: dict[str, Any]) -> Loaded:
 
 
 def method_runai(spec: dict[str, Any]) -> Loaded:
-    """Run:ai Model Streamer's ``SafetensorsStreamer`` over all shards (owned tensors)."""
+    """Run:ai Model Streamer's ``SafetensorsStreamer`` over all shards (owned tensors);
+    to the device, each tensor is copied there as it arrives (as vLLM does with it)."""
     from runai_model_streamer import SafetensorsStreamer
 
+    device = spec.get("device", "cpu")
+    _warm_device(device)
     clock = Clock()
     out: dict[str, torch.Tensor] = {}
     with SafetensorsStreamer() as streamer:
         streamer.stream_files(spec["files"], device="cpu")
         for name, tensor in streamer.get_tensors():
-            out[name] = tensor
+            out[name] = tensor.to(device) if device != "cpu" else tensor
+    _sync(device)
     return Loaded(clock.stop(), out)
 
 

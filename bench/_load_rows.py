@@ -58,7 +58,10 @@ CATALOG: tuple[Row, ...] = (
     Row("fastsafetensors", WARM, "fastsafetensors", "fastsafetensors (no GDS)", "model", "cuda",
         True, "fastsafetensors"),
     Row("sllm-store", WARM, "sllm", "ServerlessLLM sllm-store", "none", "cuda", True, "sllm_store"),
+    Row("runai-cuda", WARM, "runai", "Run:ai Model Streamer to cuda", "model", "cuda", True,
+        "runai_model_streamer"),
     Row("thaw-cuda", WARM, "thaw", "thaw from disk cache to cuda", "thaw_cache", "cuda", True),
+    Row("thaw-ram-cuda", MEMORY, "thaw", "thaw from host-RAM tier to cuda", "none", "cuda", True),
 )  # fmt: skip
 
 
@@ -110,6 +113,28 @@ RATIOS: tuple[Ratio, ...] = (
     Ratio("thaw warm vs safetensors warm", "thaw/warm", "safetensors/warm", 1.0),
     Ratio("thaw warm vs safetensors mmap warm", "thaw/warm", "mmap/warm", 1.0),
     Ratio("thaw from store vs safetensors cold", "thaw-store/cold", "safetensors/cold", 1.0),
+    Ratio("thaw RAM tier to cuda vs pinned ceiling", "thaw-ram-cuda/memory", "h2d/memory", 0.8),
+    Ratio(
+        "thaw RAM tier to cuda vs safetensors to cuda",
+        "thaw-ram-cuda/memory",
+        "safetensors-cuda/warm",
+        1.0,
+    ),
+    Ratio(
+        "thaw RAM tier to cuda vs fastsafetensors",
+        "thaw-ram-cuda/memory",
+        "fastsafetensors/warm",
+        1.0,
+    ),
+    Ratio(
+        "thaw RAM tier to cuda vs Run:ai to cuda", "thaw-ram-cuda/memory", "runai-cuda/warm", 1.0
+    ),
+    Ratio(
+        "thaw disk cache to cuda vs safetensors to cuda",
+        "thaw-cuda/warm",
+        "safetensors-cuda/warm",
+        1.0,
+    ),
 )
 
 

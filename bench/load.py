@@ -184,10 +184,10 @@ def setup(opts: Options, rows: list[Row], stack: ExitStack, console: Console) ->
     if "tensorizer" in families:
         console.log("writing the model's tensorizer file")
         env.tensorizer_file = ensure_tensorizer_file(env.model, work)
-    if families & {"thaw", "thaw-cuda", "thaw-ram", "thaw-store"}:
+    if families & {"thaw", "thaw-cuda", "thaw-ram", "thaw-ram-cuda", "thaw-store"}:
         console.log("pushing the model to thaw's local store and filling its disk cache")
         _setup_thaw_local(env, work)
-    if "thaw-ram" in families:
+    if families & {"thaw-ram", "thaw-ram-cuda"}:
         console.log("filling thaw's host-RAM tier")
         _setup_ram_tier(env, stack)
     if any(r.temperature == S3 for r in rows):
@@ -225,7 +225,7 @@ def trial_spec(row: Row, env: BenchEnv, trial: int) -> Iterator[dict[str, Any]]:
         spec.update(_thaw_spec(env, env.thaw_s3_store, scratch / "cache", row.device))
     elif row.method == "thaw" and env.thaw_store and env.thaw_cache:
         spec.update(_thaw_spec(env, env.thaw_store, env.thaw_cache, row.device))
-        if row.family == "thaw-ram":
+        if row.family in ("thaw-ram", "thaw-ram-cuda"):
             spec["ram_tier_dir"] = str(env.ram_tier_dir)
     try:
         yield spec
