@@ -58,6 +58,7 @@ class ModelRun:
     trials: int
     keep: bool
     data_dir: Path
+    device: str = "cpu"
 
 
 def checked_inputs(run: ModelRun) -> tuple[Checked, dict[str, Path]]:
@@ -98,14 +99,14 @@ def _push(model: Path, adapters: dict[str, Path], store: Path) -> str:
     return push_directory(FUNCTION_DIR, "bundles/bench-model:v1", registry, kind=kind).digest
 
 
-def function_spec(bundle: str, adapters: dict[str, Path]) -> dict[str, Any]:
+def function_spec(bundle: str, adapters: dict[str, Path], device: str = "cpu") -> dict[str, Any]:
     return {
         "name": FUNCTION,
         "bundle": bundle,
         "entry": "app:CausalLM",
         "model": MODEL_REF,
         "adapters": [{"name": n, "ref": f"bench-adapter-{n}:v1"} for n in adapters],
-        "device": "cpu",
+        "device": device,
         "timeout_s": 600,
         "scaling": {"min_replicas": 0, "max_replicas": 1, "idle_timeout_s": IDLE_TIMEOUT_S},
     }
@@ -130,6 +131,7 @@ class Env:
     adapters: dict[str, Path]
     stacks: dict[str, setup.BenchStack]
     scratch: Path
+    device: str = "cpu"
     pool_refill_misses: int = 0
 
 
@@ -153,8 +155,8 @@ def environment(run: ModelRun, say: Callable[[str], None]) -> Iterator[Env]:
                 ctx.callback(shutil.rmtree, env["THAW_RAM_TIER_DIR"], ignore_errors=True)
             running = setup.running(scratch / name, str(scratch / "store"), env)
             stacks[name] = ctx.enter_context(running)
-            stacks[name].deploy(function_spec(bundle, adapters))
-        state = Env(model, adapters, stacks, scratch)
+            stacks[name].deploy(function_spec(bundle, adapters, run.device))
+        state = Env(model, adapters, stacks, scratch, run.device)
         say("priming the caches (one untimed cold start each, through every adapter)")
         for stack in stacks.values():
             sc.timed_call(stack, FUNCTION)
@@ -173,7 +175,12 @@ def _settle(env: Env) -> None:
 
 
 def _naive(env: Env) -> sc.Sample:
-    spec = {"method": "naive", "model_dir": str(env.model.root), "forward_ids": True}
+    spec = {
+        "method": "naive",
+        "model_dir": str(env.model.root),
+        "forward_ids": True,
+        "device": env.device,
+    }
     result = run_fresh_process("bench._coldstart_trials", {**spec, "spawned_at": time.time()})
     phases = {k: v * 1000 for k, v in result.result["phases"].items() if k.endswith("_s")}
     return sc.Sample(float(result.result["total_s"]), True, phases)

@@ -183,6 +183,15 @@ def files_under(paths: Iterable[Path]) -> list[Path]:
     return out
 
 
+def no_cuda() -> str | None:
+    """Why models cannot run on CUDA here, or None when they can."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device on this machine"
+    return None
+
+
 def machine_description() -> dict[str, Any]:
     """What the numbers were measured on."""
     import platform

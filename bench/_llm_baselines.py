@@ -130,14 +130,16 @@ def serve_blocks(model_dir: Path, sizes: dict[str, int]) -> int:
 
 
 @contextmanager
-def transformers_serve(model_dir: Path, sizes: dict[str, int], log_path: Path) -> Iterator[str]:
+def transformers_serve(
+    model_dir: Path, sizes: dict[str, int], log_path: Path, device: str = "cpu"
+) -> Iterator[str]:
     """``transformers serve`` on ``model_dir`` (fp32, sdpa, continuous batching, no hub)
     with the engine's KV blocks and batch tokens (it has no sequence limit); its base
     URL. Raises RuntimeError with its log's tail when it does not come up."""
     port = _free_port()
     cli = Path(sys.executable).with_name("transformers")
     cmd = [
-        str(cli), "serve", str(model_dir), "--continuous-batching", "--device", "cpu",
+        str(cli), "serve", str(model_dir), "--continuous-batching", "--device", device,
         "--dtype", "float32", "--attn-implementation", "sdpa",
         "--cb-num-blocks", str(serve_blocks(model_dir, sizes)),
         "--cb-max-batch-tokens", str(sizes["max_batch_tokens"]), "--cb-block-size", "64",
@@ -173,8 +175,9 @@ def transformers_serve(model_dir: Path, sizes: dict[str, int], log_path: Path) -
 # --- in this process -----------------------------------------------------------------
 
 
-def load(model_dir: Path) -> tuple[Any, Any]:
-    """The model (fp32, sdpa, eval) and its tokenizer, as every in-process mode has them."""
+def load(model_dir: Path, device: str = "cpu") -> tuple[Any, Any]:
+    """The model (fp32, sdpa, eval, on ``device``) and its tokenizer, as every in-process
+    mode has them."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -182,7 +185,7 @@ def load(model_dir: Path) -> tuple[Any, Any]:
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation="sdpa"
     ).eval()
-    return model, tokenizer
+    return model.to(device), tokenizer
 
 
 def _eos(model: Any) -> list[int]:
@@ -209,11 +212,12 @@ def engine_levels(
     max_tokens: int,
     sizes: dict[str, int],
     progress: Progress,
+    device: str = "cpu",
 ) -> list[list[Level]]:
     """The engine thaw's LLM functions run, in this process, a thread per stream."""
     from worker.llm.engine import Sampling
 
-    model, tokenizer = load(model_dir)
+    model, tokenizer = load(model_dir, device)
     engine = make_engine(model, sizes)
     ids = [list(tokenizer(p)["input_ids"]) for p in PROMPTS]
 
@@ -267,19 +271,24 @@ class _FirstToken:
 
 
 def generate_levels(
-    model_dir: Path, levels: list[int], rounds: int, max_tokens: int, progress: Progress
+    model_dir: Path,
+    levels: list[int],
+    rounds: int,
+    max_tokens: int,
+    progress: Progress,
+    device: str = "cpu",
 ) -> list[list[Level]]:
     """``model.generate`` per request, one after another; all of a level sent at once."""
     import torch
 
-    model, tokenizer = load(model_dir)
+    model, tokenizer = load(model_dir, device)
     eos = _eos(model)
 
     def level(streams: int, n: int) -> Level:
         t0 = time.perf_counter()
         out = []
         for i in range(streams):
-            ids = tokenizer(prompt(i), return_tensors="pt").input_ids
+            ids = tokenizer(prompt(i), return_tensors="pt").input_ids.to(device)
             streamer = _FirstToken(t0)
             torch.manual_seed(i)
             with torch.inference_mode():

@@ -38,12 +38,14 @@ RAM_TIER_BYTES = 1 << 30
 POOL_REFILL_S = 5.0
 
 
-def _spec(name: str, bundle: str, sizes: dict[str, int], scaling: dict[str, Any]) -> dict[str, Any]:
+def _spec(
+    name: str, bundle: str, sizes: dict[str, int], scaling: dict[str, Any], device: str
+) -> dict[str, Any]:
     return {
         "name": name,
         "bundle": bundle,
         "model": MODEL_REF,
-        "device": "cpu",
+        "device": device,
         "timeout_s": 600,
         "llm": {
             "max_num_seqs": sizes["max_num_seqs"],
@@ -57,7 +59,7 @@ def _spec(name: str, bundle: str, sizes: dict[str, int], scaling: dict[str, Any]
 
 @contextmanager
 def installation(
-    model_dir: Path, root: Path, sizes: dict[str, int], max_streams: int
+    model_dir: Path, root: Path, sizes: dict[str, int], max_streams: int, device: str = "cpu"
 ) -> Iterator[BenchStack]:
     """The private installation with both functions deployed and ``bench-llm`` ready."""
     from snapshotter.manifest import ArtifactKind
@@ -79,9 +81,11 @@ def installation(
     }
     with running(root / "stack", str(store), worker_env) as stack:
         warm = {"min_replicas": 1, "max_replicas": 1, "target_concurrency": max_streams}
-        stack.deploy(_spec(FUNCTION, bundle.digest, sizes, {**warm, "idle_timeout_s": 3600}))
+        stack.deploy(
+            _spec(FUNCTION, bundle.digest, sizes, {**warm, "idle_timeout_s": 3600}, device)
+        )
         cold = {"min_replicas": 0, "max_replicas": 1, "idle_timeout_s": 2}
-        stack.deploy(_spec(COLD_FUNCTION, bundle.digest, sizes, cold))
+        stack.deploy(_spec(COLD_FUNCTION, bundle.digest, sizes, cold, device))
         wait_ready_replica(stack, FUNCTION)
         yield stack
 
@@ -115,9 +119,10 @@ def thaw_cold_start(stack: BenchStack) -> dict[str, Any]:
     }
 
 
-def naive_cold_start(model_dir: Path, sizes: dict[str, int]) -> dict[str, Any]:
+def naive_cold_start(model_dir: Path, sizes: dict[str, int], device: str = "cpu") -> dict[str, Any]:
     """A fresh process to its first token: total seconds from spawn, and its phases."""
-    spec = {"model_dir": str(model_dir), "sizes": sizes, "spawned_at": time.time()}
+    spec: dict[str, Any] = {"model_dir": str(model_dir), "sizes": sizes, "device": device}
+    spec["spawned_at"] = time.time()
     return run_fresh_process("bench._llm_stack", spec).result
 
 
@@ -129,7 +134,7 @@ def _naive(spec: dict[str, Any]) -> dict[str, Any]:
     from worker.llm.engine import Sampling
 
     t1 = time.perf_counter()
-    model, tokenizer = load(Path(spec["model_dir"]))
+    model, tokenizer = load(Path(spec["model_dir"]), spec.get("device", "cpu"))
     t2 = time.perf_counter()
     engine = make_engine(model, spec["sizes"])
     t3 = time.perf_counter()

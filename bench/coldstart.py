@@ -44,6 +44,7 @@ from bench import _coldstart_scenarios as sc
 from bench import _coldstart_setup as setup
 from bench._common import (
     machine_description,
+    no_cuda,
     render_table,
     round_robin_order,
     run_fresh_process,
@@ -79,6 +80,7 @@ class Options:
     model: Path | None = None
     adapters: tuple[Path, ...] = ()
     keep: bool = False
+    device: str = "cpu"
 
     @property
     def warm_calls(self) -> int:
@@ -110,16 +112,23 @@ def parse_args(argv: list[str]) -> Options:
     p.add_argument("--model", type=Path, default=None, help="a Hugging Face model directory")
     p.add_argument("--adapter", type=Path, action="append", default=[], help="a PEFT adapter")
     p.add_argument("--keep", action="store_true", help="keep the --model run's scratch store")
+    p.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="with --model: where it runs"
+    )
     a = p.parse_args(argv)
     trials = a.trials if a.trials is not None else (1 if a.quick else 5)
     if trials < 1:
         p.error("--trials must be at least 1")
     if a.model is None and (a.adapter or a.keep):
         p.error("--adapter and --keep go with --model")
+    if a.model is None and a.device != "cpu":
+        p.error("--device goes with --model (the example's run is on the CPU)")
+    if a.device == "cuda" and (why := no_cuda()) is not None:
+        p.error(f"--device cuda: {why}")
     if a.model is not None and (a.quick or a.png):
         p.error("--model measures that model: --quick and --png are for the example's run")
     png = a.png or a.data_dir / "coldstart.png"
-    model = (a.model, tuple(a.adapter), a.keep)
+    model = (a.model, tuple(a.adapter), a.keep, a.device)
     return Options(trials, a.quick, a.json, png, a.data_dir, *model)
 
 
@@ -326,7 +335,9 @@ def run_model(opts: Options, console: Console) -> dict[str, Any]:
     from bench._coldstart_model import ROWS, ModelRun, measure
 
     assert opts.model is not None
-    spec = ModelRun(opts.model, list(opts.adapters), opts.trials, opts.keep, opts.data_dir)
+    spec = ModelRun(
+        opts.model, list(opts.adapters), opts.trials, opts.keep, opts.data_dir, opts.device
+    )
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task("checking the model", total=opts.trials * len(ROWS))

@@ -48,6 +48,7 @@ from bench._common import (
     machine_description,
     markdown_table,
     median_phases,
+    no_cuda,
     percentile,
     render_table,
 )
@@ -165,13 +166,18 @@ def cold_table(cold: dict[str, Any]) -> TableSpec:
 
 
 def measure_cold(
-    stack: Any, model_dir: Path, sizes: dict[str, int], trials: int, say: Callable[[str], None]
+    stack: Any,
+    model_dir: Path,
+    sizes: dict[str, int],
+    trials: int,
+    say: Callable[[str], None],
+    device: str = "cpu",
 ) -> dict[str, Any]:
     from bench import _llm_stack
 
     thaw, naive = [], []
     for n in range(trials):  # interleaved, so drift hits both alike
-        naive.append(_llm_stack.naive_cold_start(model_dir, sizes))
+        naive.append(_llm_stack.naive_cold_start(model_dir, sizes, device))
         sample = _llm_stack.thaw_cold_start(stack)
         if not sample["cold"] or not sample["pool_hit"]:
             say(f"  cold trial {n + 1}: not a pool-hit cold start ({sample}); kept, flagged")
@@ -237,25 +243,26 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
 
             assert model_dir is not None
             say(f"starting a private thaw with {model_dir} …")
-            with installation(model_dir, Path(tmp), sizes, max(levels)) as stack:
+            with installation(model_dir, Path(tmp), sizes, max(levels), args.device) as stack:
                 url, key = f"{stack.url}/openai/v1", stack.admin_key
                 results[THAW] = base.openai_levels(url, key, FUNCTION, levels, rounds, n)
                 say("thaw: done")
                 if "cold" not in args.skip:
-                    cold = measure_cold(stack, model_dir, sizes, args.cold_trials, say)
+                    trials = args.cold_trials
+                    cold = measure_cold(stack, model_dir, sizes, trials, say, args.device)
         if model_dir is not None and "serve" not in args.skip:
             try:
                 log = Path(tmp) / "serve.log"
-                with base.transformers_serve(model_dir, sizes, log) as url:
+                with base.transformers_serve(model_dir, sizes, log, args.device) as url:
                     model = str(model_dir)  # transformers serve names a model by its path
                     results[SERVE] = base.openai_levels(url, "none", model, levels, rounds, n)
                 say("transformers serve: done")
             except RuntimeError as exc:
                 say(f"transformers serve could not run: {exc}")
     if model_dir is not None and "engine" not in args.skip:
-        results[ENGINE] = base.engine_levels(model_dir, levels, rounds, n, sizes, say)
+        results[ENGINE] = base.engine_levels(model_dir, levels, rounds, n, sizes, say, args.device)
     if model_dir is not None and "generate" not in args.skip:
-        results[GENERATE] = base.generate_levels(model_dir, levels, rounds, n, say)
+        results[GENERATE] = base.generate_levels(model_dir, levels, rounds, n, say, args.device)
     rows = [
         {"mode": mode, **level_row(streams, per_level, args.slo_ttft_ms, args.slo_tpot_ms)}
         for mode, by_level in results.items()
@@ -283,6 +290,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--cold-trials", type=int, default=3)
     p.add_argument("--skip", default="", help=f"comma-separated, of {', '.join(SKIPPABLE)}")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where models run")
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-batch-tokens", type=int, default=512)
     p.add_argument("--kv-cache-mb", type=int, default=256)
@@ -301,6 +309,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--streams takes numbers separated by commas, not {args.streams!r}")
     if not args.streams or min(args.streams) < 1 or args.rounds < 1 or args.max_tokens < 1:
         p.error("--streams, --rounds and --max-tokens must be positive")
+    if args.device == "cuda" and (why := no_cuda()) is not None:
+        p.error(f"--device cuda: {why}")
     args.skip = {s for s in args.skip.split(",") if s}
     if args.skip - set(SKIPPABLE):
         p.error(f"--skip takes {', '.join(SKIPPABLE)}, not {', '.join(sorted(args.skip))}")

@@ -1,7 +1,7 @@
 """``thaw bench``: the benchmarks in ``bench/``, run from a checkout of the repository.
 
     thaw bench coldstart [--trials N] [--json] [--png PATH] [--quick]
-    thaw bench coldstart --model DIR [--adapter DIR ...] [--trials N] [--keep] [--json]
+    thaw bench coldstart --model DIR [--adapter DIR ...] [--device cuda] [--trials N] [--keep]
     thaw bench load [--model DIR] [--trials N] [--methods ...] [--keep] [--json PATH|-]
     thaw bench llm [--model DIR] [--quick] [--streams 1,8,32] [--json PATH] ...
     thaw bench guidellm [--model DIR] [--concurrency 1,4] [--seconds 30] [--json PATH] ...
@@ -71,6 +71,7 @@ def coldstart(
     data_dir: Annotated[
         Path | None, typer.Option(help="where models and scratch go (bench/.data)")
     ] = None,
+    device: Annotated[str | None, typer.Option(help="with --model: cpu (default) or cuda")] = None,
 ) -> None:
     """Cold starts: naive vs thaw (pool hit, pool miss, S3), warm calls, adapter switch, trace;
     with --model, naive vs thaw's pool miss, pool hit and RAM tier for that model."""
@@ -83,6 +84,7 @@ def coldstart(
     for path in adapter or []:
         argv += ["--adapter", str(path)]
     argv += [*(["--data-dir", str(data_dir)] if data_dir is not None else [])]
+    argv += [*(["--device", device] if device is not None else [])]
     raise typer.Exit(main(argv))
 
 

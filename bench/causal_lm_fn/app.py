@@ -39,5 +39,6 @@ class CausalLM:
         with torch.inference_mode():
             if call.adapter is not None:
                 self.model.set_adapter(call.adapter)
-            self.model(input_ids=self.ids)
+            out = self.model(input_ids=self.ids)
+            float(out.logits[0, -1, 0])  # waits for the device: the call ends when it has
         return {"tokens": int(self.ids.shape[1]), "adapter": call.adapter}

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench._llm_baselines import StreamTiming
 from bench.llm import (
@@ -105,6 +106,13 @@ def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
             parse_args(argv)
         assert said in capsys.readouterr().err
     assert parse_args(["--skip", "serve,cold"]).skip == {"serve", "cold"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_a_device_is_refused_up_front(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--device", "cuda"])
+    assert "--device cuda: torch sees no CUDA device" in capsys.readouterr().err
 
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench import coldstart, load
 from bench._coldstart_model import ROWS
@@ -223,3 +224,15 @@ def test_options_of_the_synthetic_runs_do_not_mix_with_model(tmp_path: Path) -> 
             parse(["--model", str(tmp_path), extra])
     with pytest.raises(SystemExit):
         coldstart.parse_args(["--adapter", str(tmp_path)])  # an adapter needs --model
+    with pytest.raises(SystemExit):
+        coldstart.parse_args(["--device", "cuda"])  # the example's run is on the CPU
+    assert coldstart.parse_args(["--model", str(tmp_path)]).device == "cpu"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_coldstart_on_cuda_without_a_device_is_refused_up_front(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        coldstart.parse_args(["--model", str(tmp_path), "--device", "cuda"])
+    assert "--device cuda: torch sees no CUDA device" in capsys.readouterr().err
