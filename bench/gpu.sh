@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The CUDA checks, in one time-boxed run on a machine with an NVIDIA GPU:
+#
+#     bench/gpu.sh OUT_DIR [SECONDS]
+#
+# 1. the tests marked gpu (the loader's CUDA path, CUDA replicas, the RAM tier
+#    registered as pinned memory, a CUDA function through the control plane, the
+#    LLM engine and function on CUDA);
+# 2. bench/load.py's CUDA rows for a 1 GiB model (pinned host-to-device ceiling,
+#    safetensors and fastsafetensors and Run:ai to cuda, thaw from the disk cache
+#    and from the RAM tier);
+# 3. bench/coldstart.py --device cuda on a 1.1 B-parameter Llama made here
+#    (random bf16 weights, 3 shards): naive against pool miss, pool hit and the
+#    RAM tier, with the phases;
+# 4. bench/llm.py --device cuda: thaw's OpenAI routes and the engine in-process
+#    at 1, 8 and 32 streams, and the LLM cold start;
+# 5. the load rows again for an 8 GiB model, if time is left.
+#
+# Each step is cut at its own limit and at SECONDS (default 520) from the start,
+# so whatever ran comes back; logs and JSON land in OUT_DIR (8 files at most). The
+# machine needs torch with CUDA and the project's dependencies importable
+# (PYTHONPATH; bench/gpu-wheels.sh makes the wheels for an image that lacks them).
+set -u
+out=${1:?usage: bench/gpu.sh OUT_DIR [SECONDS]}
+budget=${2:-520}
+start=$(date +%s)
+cd "$(dirname "$0")/.."
+export COLUMNS=160 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
+data=${THAW_GPU_DATA:-/tmp/thaw-gpu}
+mkdir -p "$out" "$data"
+
+step() {  # step NAME LIMIT_S CMD...: run CMD into OUT/NAME.log, cut at LIMIT_S or the budget
+    local name=$1 limit=$2 left
+    shift 2
+    left=$((budget - ($(date +%s) - start)))
+    if ((left < 20)); then echo "== $name: skipped, ${left}s left"; return; fi
+    ((limit > left)) && limit=$left
+    echo "== $name: up to ${limit}s, at $(($(date +%s) - start))s"
+    timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1
+    echo "== $name: exit $? after $(($(date +%s) - start))s"
+}
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch, sys; print(sys.version.split()[0], torch.__version__,
+torch.version.cuda, torch.cuda.get_device_name(0))'
+  nproc; free -g | head -2; df -h /dev/shm "$data" | tail -2
+} >"$out/env.log" 2>&1
+cat "$out/env.log"
+
+# The 1.1 B model is built on the CPU while the tests run.
+llama="$data/llama-1b"
+python3 - "$llama" >"$data/model.log" 2>&1 <<'EOF' &
+import sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                     num_attention_heads=32, num_key_value_heads=4, vocab_size=32000)
+torch.manual_seed(0)
+with torch.device("cpu"):
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+print(sum(p.numel() for p in model.parameters()) / 1e9, "B parameters")
+model.save_pretrained(sys.argv[1], max_shard_size="800MB")
+EOF
+builder=$!
+
+tests=(tests/snapshotter/test_loader_cuda.py tests/worker/test_cuda.py
+       tests/snapshotter/test_ram_tier_mapping.py tests/snapshotter/test_ram_tier.py
+       tests/control_plane/test_end_to_end.py tests/worker/llm/test_cuda.py)
+step tests 150 python3 -m pytest -m gpu -p no:cacheprovider -rA -q -W ignore::DeprecationWarning \
+  -W ignore::FutureWarning "${tests[@]}"
+grep -E "passed|failed|error" "$out/tests.log" | tail -3
+
+cuda_rows=memcpy,h2d,safetensors-cuda,fastsafetensors,runai-cuda,thaw-cuda,thaw-ram-cuda,thaw-ram
+step load-1g 120 python3 bench/load.py --size-mb 1024 --trials 3 --methods "$cuda_rows" \
+  --data-dir "$data/load" --json "$out/load-1g.json"
+tail -n 45 "$out/load-1g.log"
+
+wait "$builder"; tail -n 2 "$data/model.log"
+step coldstart 170 python3 bench/coldstart.py --model "$llama" --device cuda --trials 3 \
+  --data-dir "$data/coldstart"
+tail -n 30 "$out/coldstart.log"
+
+step llm 120 python3 bench/llm.py --device cuda --streams 1,8,32 --rounds 2 --cold-trials 2 \
+  --skip serve,generate --data-dir "$data/llm" --json "$out/llm.json"
+tail -n 40 "$out/llm.log"
+
+step load-8g 150 python3 bench/load.py --size-mb 8192 --trials 2 \
+  --methods h2d,safetensors-cuda,thaw-cuda,thaw-ram-cuda --data-dir "$data/load8"
+tail -n 30 "$out/load-8g.log"
