@@ -19,9 +19,10 @@ import torch
 from control_plane.settings import Settings
 from snapshotter import DiskCache, Snapshotter
 from snapshotter.config import CacheConfig, RamTierConfig, StoreConfig
-from snapshotter.digest import digest_bytes, hex_part
+from snapshotter.digest import checksum_bytes, digest_bytes, hex_part
 from snapshotter.load_plan import FilePlan
 from snapshotter.ram_tier import RamTier
+from snapshotter.ram_tier_entry import BadEntry, TierFile, bytes_view, check_files
 from snapshotter.registry import Registry
 from snapshotter.stores.local import LocalStore
 from tests.snapshotter.loadkit import (
@@ -108,6 +109,7 @@ from pathlib import Path
 from snapshotter import DiskCache, Snapshotter
 from snapshotter.config import CacheConfig, RamTierConfig
 from snapshotter.ram_tier import RamTier
+from snapshotter.ram_tier_entry import BadEntry, TierFile, bytes_view, check_files
 from snapshotter.registry import Registry
 from snapshotter.stores.local import LocalStore
 from tests.snapshotter.loadkit import CountingStore
@@ -423,3 +425,16 @@ def test_cuda_second_start_from_the_ram_tier(
     assert second.report.ram_tier_bytes == second.report.place.bytes == second.report.tensor_bytes
     assert all(t.device.type == "cuda" for t in second.values())
     assert_same_tensors(second, expected_tensors(llama_dir))
+
+
+def test_files_are_checked_at_once_and_the_first_bad_one_is_named() -> None:
+    buffers = [torch.randint(0, 256, (n,), dtype=torch.uint8) for n in (4096, 70_000, 300)]
+    meta = [
+        TierFile(f"f{i}.safetensors", b.numel(), checksum_bytes(bytes_view(b)))
+        for i, b in enumerate(buffers)
+    ]
+    assert check_files(meta, buffers) == meta
+    buffers[2][0] ^= 1
+    buffers[1][7] ^= 1
+    with pytest.raises(BadEntry, match=r"f1\.safetensors does not match its checksum"):
+        check_files(meta, buffers)
