@@ -17,6 +17,8 @@
 # 5. the load rows again for an 8 GiB model, if time is left.
 #
 # Each step is cut at its own limit and at SECONDS (default 520) from the start,
+# so that one run and a machine's start fit a 15-minute lease (on an H200 on
+# 2026-11-26: tests 63 s, load 118 s, 2 cold-start trials per row 140 s);
 # so whatever ran comes back; logs and JSON land in OUT_DIR (8 files at most). The
 # machine needs torch with CUDA and the project's dependencies importable
 # (PYTHONPATH; bench/gpu-wheels.sh makes the wheels for an image that lacks them).
@@ -71,16 +73,16 @@ step tests 150 python3 -m pytest -m gpu -p no:cacheprovider -rA -q -W ignore::De
 grep -E "passed|failed|error" "$out/tests.log" | tail -3
 
 cuda_rows=memcpy,h2d,safetensors-cuda,fastsafetensors,runai-cuda,thaw-cuda,thaw-ram-cuda,thaw-ram
-step load-1g 120 python3 bench/load.py --size-mb 1024 --trials 3 --methods "$cuda_rows" \
+step load-1g 150 python3 bench/load.py --size-mb 1024 --trials 3 --methods "$cuda_rows" \
   --data-dir "$data/load" --json "$out/load-1g.json"
 tail -n 45 "$out/load-1g.log"
 
 wait "$builder"; tail -n 2 "$data/model.log"
-step coldstart 170 python3 bench/coldstart.py --model "$llama" --device cuda --trials 3 \
+step coldstart 160 python3 bench/coldstart.py --model "$llama" --device cuda --trials 2 \
   --data-dir "$data/coldstart"
 tail -n 30 "$out/coldstart.log"
 
-step llm 120 python3 bench/llm.py --device cuda --streams 1,8,32 --rounds 2 --cold-trials 2 \
+step llm 150 python3 bench/llm.py --device cuda --streams 1,8,32 --rounds 2 --cold-trials 2 \
   --skip serve,generate --data-dir "$data/llm" --json "$out/llm.json"
 tail -n 40 "$out/llm.log"
 
