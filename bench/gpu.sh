@@ -18,8 +18,8 @@
 #
 # Each step is cut at its own limit and at SECONDS (default 520) from the start,
 # so that one run and a machine's start fit a 15-minute lease (on an H200 on
-# 2026-11-26: tests 63 s, load 118 s, 2 cold-start trials per row 140 s);
-# so whatever ran comes back; logs and JSON land in OUT_DIR (8 files at most). The
+# 2026-11-26: tests 63 s, load 118 s, 2 cold-start trials per row 140 s).
+# Whatever ran comes back: logs and JSON land in OUT_DIR (8 files at most). The
 # machine needs torch with CUDA and the project's dependencies importable
 # (PYTHONPATH; bench/gpu-wheels.sh makes the wheels for an image that lacks them).
 set -u
