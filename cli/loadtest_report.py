@@ -51,10 +51,14 @@ def _group(calls: Sequence[CallSample], llm: bool) -> dict[str, Any]:
 
 
 def meets_slo(c: CallSample, slo_ttft_ms: float | None, slo_tpot_ms: float | None) -> bool:
-    """Succeeded, and within each SLO given (a call of one token has no TPOT to miss)."""
+    """Succeeded, and within each SLO given (a call of one token has no TPOT to miss).
+
+    A call that succeeded with no text (the model ended at once) had its answer, empty,
+    when it ended: that time is what it is held to for the TTFT SLO."""
     if not c.ok:
         return False
-    if slo_ttft_ms is not None and (c.ttft_s is None or c.ttft_s * 1000 > slo_ttft_ms):
+    first_s = c.ttft_s if c.ttft_s is not None else c.latency_s
+    if slo_ttft_ms is not None and first_s * 1000 > slo_ttft_ms:
         return False
     return slo_tpot_ms is None or c.tpot_s is None or c.tpot_s * 1000 <= slo_tpot_ms
 

@@ -97,6 +97,14 @@ def test_llm_summary_has_token_figures_and_goodput() -> None:
     assert good["share"] == 9 / 12 and good["per_s"] == 4.5
 
 
+def test_a_call_that_ended_with_no_text_is_held_to_the_ttft_slo_by_its_end() -> None:
+    # The model ended at once: no text, so no TTFT; its (empty) answer came at its end.
+    quick = CallSample(0.0, 0.2, None, False, True, 200, None, None, 7, 0)
+    slow = CallSample(0.0, 0.9, None, False, True, 200, None, None, 7, 0)
+    doc = summarize([quick, slow], [], 1.0, LLM_PARAMS, slo_ttft_ms=500, slo_tpot_ms=20)
+    assert doc["goodput"]["calls"] == 1 and doc["goodput"]["share"] == 0.5
+
+
 def test_goodput_needs_an_slo_and_counts_only_the_ones_given() -> None:
     calls = _llm_calls()
     assert summarize(calls, [], 2.0, LLM_PARAMS)["goodput"] is None

@@ -58,7 +58,7 @@ def test_loadtest_through_a_cold_start_agrees_with_the_server(stack: Stack) -> N
         stack,
         FUNCTION,
         "--concurrency", "3", "--duration-s", "8", "--max-tokens", "12",
-        "--endpoint", "completions", "--slo-ttft-ms", "120000",
+        "--endpoint", "completions", "--slo-ttft-ms", "120000", "--slo-tpot-ms", "120000",
     )  # fmt: skip
     check_loadtest(doc, before, llm_metrics(stack))
     assert doc["cold"]["calls"] >= 1, doc["cold"]  # the first ones waited for the replica
@@ -71,6 +71,8 @@ def test_loadtest_through_a_cold_start_agrees_with_the_server(stack: Stack) -> N
     check_loadtest(warm, before, llm_metrics(stack))
     assert warm["warm"]["calls"] >= 1 and warm["cold"]["calls"] == 0, warm["cold"]
     assert doc["cold"]["ttft_ms"]["p50"] > warm["warm"]["ttft_ms"]["p50"]
+    # SLOs no call can miss on a slow machine: every call that succeeded is good, the
+    # ones that waited for the start included.
     assert doc["goodput"]["share"] == 1.0
 
 
