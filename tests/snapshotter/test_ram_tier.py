@@ -109,7 +109,6 @@ from pathlib import Path
 from snapshotter import DiskCache, Snapshotter
 from snapshotter.config import CacheConfig, RamTierConfig
 from snapshotter.ram_tier import RamTier
-from snapshotter.ram_tier_entry import BadEntry, TierFile, bytes_view, check_files
 from snapshotter.registry import Registry
 from snapshotter.stores.local import LocalStore
 from tests.snapshotter.loadkit import CountingStore

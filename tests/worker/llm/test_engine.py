@@ -21,6 +21,11 @@ EOS = 2
 
 @pytest.fixture(scope="module")
 def model() -> Any:
+    return tiny_llama()
+
+
+def tiny_llama() -> Any:
+    """A 2-layer Llama of random weights, fp32, sdpa, on the CPU."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -54,11 +59,12 @@ def _prompts() -> list[list[int]]:
     return [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in lengths]
 
 
-def _alone(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
+def generate_alone(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy ``model.generate`` of ``prompt`` by itself, on the model's device."""
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            torch.tensor([prompt], device=model.device),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=model.device),
             do_sample=False,
             max_new_tokens=max_new_tokens,
             eos_token_id=EOS,
@@ -67,7 +73,7 @@ def _alone(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
     return list(out[0, len(prompt) :].tolist())
 
 
-def _run(engine: Engine, prompt: list[int], sampling: Sampling) -> tuple[list[int], str]:
+def run_to_end(engine: Engine, prompt: list[int], sampling: Sampling) -> tuple[list[int], str]:
     tokens: list[int] = []
     reason = ""
     for step in engine.generate(prompt, sampling):
@@ -89,12 +95,12 @@ def test_greedy_in_one_batch_equals_generate_alone(model: Any, engine: Engine) -
 
     def one(prompt: list[int]) -> tuple[list[int], str]:
         start.wait()  # all at once: they share the batch
-        return _run(engine, prompt, sampling)
+        return run_to_end(engine, prompt, sampling)
 
     with ThreadPoolExecutor(len(prompts)) as pool:
         results = list(pool.map(one, prompts))
     for prompt, (tokens, reason) in zip(prompts, results, strict=True):
-        expected = _alone(model, prompt, 24)
+        expected = generate_alone(model, prompt, 24)
         assert tokens == expected
         assert reason == ("stop" if expected[-1] == EOS else "length")
     assert engine.peak_active > 1, "the requests never shared a batch"
@@ -107,7 +113,7 @@ def test_eight_streams_share_engine_steps(engine: Engine) -> None:
 
     def one(prompt: list[int]) -> int:
         start.wait()
-        return len(_run(engine, prompt, Sampling(max_new_tokens=32, stop_token_ids=()))[0])
+        return len(run_to_end(engine, prompt, Sampling(max_new_tokens=32, stop_token_ids=()))[0])
 
     with ThreadPoolExecutor(8) as pool:
         counts = list(pool.map(one, prompts[:8]))
@@ -117,10 +123,11 @@ def test_eight_streams_share_engine_steps(engine: Engine) -> None:
 
 def test_sampling_is_per_request_in_one_batch(model: Any, engine: Engine) -> None:
     prompt = _prompts()[2]
-    greedy = _alone(model, prompt, 16)
+    greedy = generate_alone(model, prompt, 16)
     with ThreadPoolExecutor(4) as pool:
-        hot = [pool.submit(_run, engine, prompt, Sampling(16, temperature=1.5)) for _ in range(3)]
-        cold = pool.submit(_run, engine, prompt, Sampling(16))
+        hot_sampling = Sampling(16, temperature=1.5)
+        hot = [pool.submit(run_to_end, engine, prompt, hot_sampling) for _ in range(3)]
+        cold = pool.submit(run_to_end, engine, prompt, Sampling(16))
         assert cold.result()[0] == greedy  # greedy beside sampled requests
         sampled = [f.result()[0] for f in hot]
     assert any(s != greedy for s in sampled), "temperature 1.5 drew the greedy tokens 3 times"
@@ -142,10 +149,10 @@ def _rest(stream: Stream, tokens: list[int]) -> list[int]:
 def test_a_seed_gives_the_same_tokens_alone_and_in_a_busy_batch(model: Any, engine: Engine) -> None:
     prompt = _prompts()[1]
     seeded = Sampling(12, temperature=1.0, seed=1234)
-    alone = _run(engine, prompt, seeded)[0]
-    assert _run(engine, prompt, seeded)[0] == alone
+    alone = run_to_end(engine, prompt, seeded)[0]
+    assert run_to_end(engine, prompt, seeded)[0] == alone
     greedy_prompt = _prompts()[0]
-    greedy_alone = _alone(model, greedy_prompt, 16)  # not while the engine runs the model
+    greedy_alone = generate_alone(model, greedy_prompt, 16)  # not while the engine runs the model
 
     # Eight requests, joining at different steps: the seeded one twice (once early,
     # once late), others with other prompts and seeds, one unseeded, one greedy.
@@ -171,19 +178,19 @@ def test_a_seed_gives_the_same_tokens_alone_and_in_a_busy_batch(model: Any, engi
 
 def test_two_seeds_give_different_tokens(engine: Engine) -> None:
     prompt = _prompts()[0]
-    one = _run(engine, prompt, Sampling(12, temperature=1.0, seed=1))[0]
-    two = _run(engine, prompt, Sampling(12, temperature=1.0, seed=2))[0]
+    one = run_to_end(engine, prompt, Sampling(12, temperature=1.0, seed=1))[0]
+    two = run_to_end(engine, prompt, Sampling(12, temperature=1.0, seed=2))[0]
     assert one != two
 
 
 def test_an_unseeded_request_beside_a_seeded_one_changes_nothing(engine: Engine) -> None:
     prompt = _prompts()[2]
     seeded = Sampling(12, temperature=1.0, seed=99)
-    alone = _run(engine, prompt, seeded)[0]
+    alone = run_to_end(engine, prompt, seeded)[0]
     unseeded, first = _started(engine, prompt, Sampling(24, temperature=1.0))
-    assert _run(engine, prompt, seeded)[0] == alone  # beside an unseeded draw
+    assert run_to_end(engine, prompt, seeded)[0] == alone  # beside an unseeded draw
     drawn = _rest(unseeded, first)
-    assert drawn != _run(engine, prompt, Sampling(24, temperature=1.0))[0], "no seed: random"
+    assert drawn != run_to_end(engine, prompt, Sampling(24, temperature=1.0))[0], "no seed: random"
 
 
 def test_leaving_a_stream_frees_its_sequence(engine: Engine) -> None:
@@ -217,14 +224,14 @@ def test_ignore_eos_runs_past_the_end_of_text(model: Any) -> None:
     """The third greedy token made the end of text: a request stops there, one with
     ``ignore_eos`` runs on to max_new_tokens with the same tokens up to it."""
     prompt = _prompts()[1]
-    greedy = _alone(model, prompt, 12)
+    greedy = generate_alone(model, prompt, 12)
     eos = greedy[2]
     sizes = EngineSizes(max_num_seqs=2, max_batch_tokens=128, kv_cache_bytes=1 << 20)
     engine = Engine(model, sizes, eos_token_ids=[eos])
     try:
-        stopped, reason = _run(engine, prompt, Sampling(max_new_tokens=12))
+        stopped, reason = run_to_end(engine, prompt, Sampling(max_new_tokens=12))
         assert (stopped, reason) == (greedy[: greedy.index(eos) + 1], "stop")
-        ran_on, reason = _run(engine, prompt, Sampling(max_new_tokens=12, ignore_eos=True))
+        ran_on, reason = run_to_end(engine, prompt, Sampling(max_new_tokens=12, ignore_eos=True))
         assert (len(ran_on), reason) == (12, "length")
         assert ran_on[: len(stopped)] == stopped
     finally:

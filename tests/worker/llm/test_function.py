@@ -25,10 +25,11 @@ from worker.llm.serve import AdapterGate, LLMRequestError, TextDelta
 from worker.sdk import Adapter, CallContext, Context
 
 
-def _tensors(directory: Path) -> LoadedTensors:
+def tensors_of(directory: Path, device: str = "cpu") -> LoadedTensors:
+    """A model or adapter directory's safetensors on ``device``, as a load gives them."""
     weights = LoadedTensors()
     for shard in sorted(directory.glob("*.safetensors")):
-        weights.update(load_file(shard))
+        weights.update(load_file(shard, device=device))
     weights.report = None  # type: ignore[assignment]  # read from files, not the store
     return weights
 
@@ -39,11 +40,11 @@ def function(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLMFunction]:
     model_dir = build_model(root / "model")
     adapter_dir = build_adapter(model_dir, root / "pirate", seed=1)
     adapter_config = json.loads((adapter_dir / "adapter_config.json").read_text())
-    adapter = Adapter("pirate", _tensors(adapter_dir), adapter_config)
+    adapter = Adapter("pirate", tensors_of(adapter_dir), adapter_config)
     config = json.loads((model_dir / "config.json").read_text())
     ctx = Context(
         device="cpu",
-        weights=_tensors(model_dir),
+        weights=tensors_of(model_dir),
         config=config,
         files=model_dir,
         adapters={"pirate": adapter},
