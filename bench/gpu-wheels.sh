@@ -5,7 +5,8 @@
 #
 # Downloads (here, where pip reaches an index) CPython 3.12 x86-64 wheels of the
 # project's runtime dependencies that such an image lacks, the loader peers the
-# CUDA rows compare against (fastsafetensors, Run:ai streamer) and the transformers
+# CUDA rows compare against (fastsafetensors, Run:ai streamer), the openai SDK that
+# bench/llm.py drives thaw with, and the transformers
 # this checkout is tested with. There they install with no index:
 #
 #     python3 -m pip install -q --no-index --no-deps --target /tmp/site DIR/*.whl
@@ -20,6 +21,7 @@ mkdir -p "$dir"
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}
 transformers=$("$py" -c 'import transformers; print(transformers.__version__)')
+openai=$("$py" -c 'import openai; print(openai.__version__)')
 platforms=()
 for p in manylinux1 manylinux2014 manylinux_2_17 manylinux_2_24 manylinux_2_27 manylinux_2_28 \
          manylinux_2_31 manylinux_2_34 manylinux_2_35; do
@@ -30,7 +32,7 @@ done
   zstandard blake3 "pydantic>=2.6" "pydantic-settings>=2.2" "fastapi>=0.165" uvicorn \
   httptools python-multipart "sqlalchemy>=2.0" alembic cryptography "celery[redis]>=5.4" \
   "psycopg[binary]>=3.1" trio opentelemetry-sdk opentelemetry-exporter-otlp-proto-http \
-  opentelemetry-proto
+  opentelemetry-proto "openai==$openai"
 "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp "${platforms[@]}" -d "$dir" fastsafetensors runai-model-streamer \
   "transformers==$transformers"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA checks, in one time-boxed run on a machine with an NVIDIA GPU:
 #
-#     bench/gpu.sh OUT_DIR [SECONDS]
+#     bench/gpu.sh OUT_DIR [SECONDS] [STEPS]
 #
 # 1. the tests marked gpu (the loader's CUDA path, CUDA replicas, the RAM tier
 #    registered as pinned memory, a CUDA function through the control plane, the
@@ -16,6 +16,8 @@
 #    at 1, 8 and 32 streams, and the LLM cold start;
 # 5. the load rows again for an 8 GiB model, if time is left.
 #
+# STEPS (default tests,load-1g,coldstart,llm,load-8g) names the steps to run, so a
+# second run in the same lease can skip what the first measured.
 # Each step is cut at its own limit and at SECONDS (default 520) from the start,
 # so that one run and a machine's start fit a 15-minute lease (on an H200 on
 # 2026-11-26: tests 63 s, load 118 s, 2 cold-start trials per row 140 s).
@@ -25,6 +27,7 @@
 set -u
 out=${1:?usage: bench/gpu.sh OUT_DIR [SECONDS]}
 budget=${2:-520}
+steps=,${3:-tests,load-1g,coldstart,llm,load-8g},
 start=$(date +%s)
 cd "$(dirname "$0")/.."
 export COLUMNS=160 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
@@ -34,6 +37,7 @@ mkdir -p "$out" "$data"
 step() {  # step NAME LIMIT_S CMD...: run CMD into OUT/NAME.log, cut at LIMIT_S or the budget
     local name=$1 limit=$2 left
     shift 2
+    if [[ $steps != *,$name,* ]]; then echo "== $name: not asked for"; return; fi
     left=$((budget - ($(date +%s) - start)))
     if ((left < 20)); then echo "== $name: skipped, ${left}s left"; return; fi
     ((limit > left)) && limit=$left
@@ -82,8 +86,13 @@ step coldstart 160 python3 bench/coldstart.py --model "$llama" --device cuda --t
   --data-dir "$data/coldstart"
 tail -n 30 "$out/coldstart.log"
 
-step llm 150 python3 bench/llm.py --device cuda --streams 1,8,32 --rounds 2 --cold-trials 2 \
+step llm 200 python3 bench/llm.py --device cuda --streams 1,8,32 --rounds 2 --cold-trials 2 \
   --skip serve,generate --data-dir "$data/llm" --json "$out/llm.json"
+# The stack's own logs (server, worker, replicas) follow, for a replica that never
+# became ready or a call that failed.
+find "$data/llm" -name '*.log' -newer "$out/env.log" 2>/dev/null | while read -r f; do
+  printf '\n--- %s\n' "$f"; tail -n 80 "$f"
+done >>"$out/llm.log"
 tail -n 40 "$out/llm.log"
 
 step load-8g 150 python3 bench/load.py --size-mb 8192 --trials 2 \
