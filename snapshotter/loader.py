@@ -51,7 +51,7 @@ from snapshotter.leases import LeaseKeeper
 from snapshotter.load_plan import LoadPlan, plan_load, tensor_view
 from snapshotter.load_types import LoadedTensors, LoadReport, StageReport
 from snapshotter.loader_cpu import CpuPlacer
-from snapshotter.loader_ram import ToDevice, keep, place_held
+from snapshotter.loader_ram import PieceCheck, ToDevice, keep, place_held
 from snapshotter.manifest import Manifest
 from snapshotter.pipeline import StageTotals, run_pipeline
 from snapshotter.ram_tier import RamTier
@@ -284,10 +284,14 @@ class Snapshotter:
     def _to_device(self, dev: torch.device) -> ToDevice:
         """Host buffers to ``dev`` through this process's staging pool (CUDA only)."""
 
-        def to_device(host: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], float]:
+        def to_device(
+            host: Sequence[torch.Tensor],
+            pieces: Sequence[Sequence[tuple[int, int]]],
+            check: PieceCheck | None,
+        ) -> tuple[list[torch.Tensor], float]:
             from snapshotter.loader_cuda import copy_to_device
 
-            return copy_to_device(host, dev, self._staging_pool(dev))
+            return copy_to_device(host, dev, self._staging_pool(dev), pieces, check)
 
         return to_device
 

@@ -20,9 +20,11 @@ larger than a slot gets a one-off pinned buffer, dropped after its copy.
 read-only and shared (``snapshotter.ram_tier``), so they can be registered as
 pinned host memory in place (``cudaHostRegister`` with ``ReadOnly``: the
 kernel pins the tier's own pages, copying none) and copied straight to the
-device with no staging hop; unregistered once the copies are done. Where the
-driver refuses to register them, they go through the same pool as chunks.
-The loader hands it to ``loader_ram``.
+device with no staging hop; unregistered once the copies are done. It works
+by pieces (the tier's checksummed pieces), a thread each up to the CPUs:
+populate, check, register, copy, so the host's work on one piece overlaps
+the DMA of others. Where the driver refuses to register them, they go
+through the same pool as chunks. The loader hands it to ``loader_ram``.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from snapshotter.config import LoaderConfig
+from snapshotter.config import LoaderConfig, usable_cpus
 from snapshotter.load_plan import ChunkWork
 from snapshotter.pipeline import Target
 
@@ -147,53 +150,112 @@ class CudaPlacer:
         return time.perf_counter() - start
 
 
+# (buffer index, begin, end): prepare and check those host bytes before they are
+# copied (populate them, compare their checksum); raises to stop the copy.
+PieceCheck = Callable[[int, int, int], None]
+
+
 def copy_to_device(
-    host: Sequence[torch.Tensor], dev: torch.device, pool: StagingPool
+    host: Sequence[torch.Tensor],
+    dev: torch.device,
+    pool: StagingPool,
+    pieces: Sequence[Sequence[tuple[int, int]]] | None = None,
+    check: PieceCheck | None = None,
 ) -> tuple[list[torch.Tensor], float]:
     """Copy host buffers (a RAM-tier hit) to new device buffers; returns (device buffers,
     seconds), every copy completed.
 
-    Registered in place as pinned memory where the driver allows (no staging hop),
-    else through the pool's pinned slots.
+    ``pieces`` (per buffer, its ``[begin, end)`` ranges; default: each buffer
+    whole) go at once, a thread each up to the CPUs: ``check`` runs on a piece,
+    then the piece is registered in place as pinned memory and copied with its
+    own DMA, so checking one piece overlaps copying others and no piece reaches
+    the device unchecked. Where the driver refuses to register, every piece is
+    checked, then copied through the pool's pinned slots.
     """
     start = time.perf_counter()
-    out = copy_registered(host, dev)
+    if pieces is None:
+        pieces = [[(0, src.numel())] if src.numel() else [] for src in host]
+    out = copy_registered(host, dev, pieces, check)
     if out is None:
+        if check is not None:
+            _each_piece(pieces, check)
         out = _copy_staged(host, dev, pool)
     return out, time.perf_counter() - start
 
 
-def copy_registered(host: Sequence[torch.Tensor], dev: torch.device) -> list[torch.Tensor] | None:
-    """Register each host buffer as pinned memory (read-only), copy it to ``dev`` with
-    one DMA per buffer, wait, unregister; None when the driver refuses a registration
-    (nothing copied then, nothing left registered).
+def copy_registered(
+    host: Sequence[torch.Tensor],
+    dev: torch.device,
+    pieces: Sequence[Sequence[tuple[int, int]]] | None = None,
+    check: PieceCheck | None = None,
+) -> list[torch.Tensor] | None:
+    """``copy_to_device`` with every piece registered (read-only) as pinned memory and
+    unregistered after its copy; None when the driver refuses a registration
+    (tried on the first piece: nothing copied then, nothing left registered).
 
-    The buffers must stay mapped until this returns; they are unregistered before.
+    The buffers must stay mapped until this returns.
     """
+    if pieces is None:
+        pieces = [[(0, src.numel())] if src.numel() else [] for src in host]
+    first = next(((i, b, e) for i, ranges in enumerate(pieces) for b, e in ranges), None)
+    if first is not None and not _registrable(host[first[0]][first[1] : first[2]]):
+        return None
+    out = [torch.empty(src.numel(), dtype=torch.uint8, device=dev) for src in host]
+    # The buffers were allocated on the current stream; every copy must follow that.
+    torch.cuda.current_stream(dev).synchronize()
+    streams = threading.local()
+
+    def copy(i: int, begin: int, end: int) -> None:
+        if check is not None:
+            check(i, begin, end)
+        stream = getattr(streams, "stream", None)
+        if stream is None:
+            stream = streams.stream = torch.cuda.Stream(device=dev)
+        src, dst = host[i][begin:end], out[i][begin:end]
+        registered = _register(src)
+        try:
+            with torch.cuda.stream(stream):
+                dst.copy_(src, non_blocking=registered)
+            stream.synchronize()
+        finally:
+            if registered:
+                torch.cuda.cudart().cudaHostUnregister(src.data_ptr())
+
+    _each_piece(pieces, copy)
+    return out
+
+
+def _each_piece(pieces: Sequence[Sequence[tuple[int, int]]], run: PieceCheck) -> None:
+    """``run(i, begin, end)`` for every piece, at once on up to the usable CPUs; raises
+    the first failure in order (the others finish first)."""
+    tasks = [(i, b, e) for i, ranges in enumerate(pieces) for b, e in ranges]
+    workers = min(len(tasks), usable_cpus())
+    if workers <= 1:
+        for task in tasks:
+            run(*task)
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="thaw-h2d") as threads:
+        list(threads.map(lambda task: run(*task), tasks))
+
+
+def _registrable(src: torch.Tensor) -> bool:
+    """Whether the driver pins ``src`` (registered and at once unregistered)."""
+    if not _register(src):
+        log.info("host buffers not registered; copying through staging")
+        return False
+    torch.cuda.cudart().cudaHostUnregister(src.data_ptr())
+    return True
+
+
+def _register(src: torch.Tensor) -> bool:
+    """Pin ``src`` in place, read-only; False (the error cleared) when refused. A
+    refusal after a first success leaves that piece pageable: the driver stages it."""
     cudart = torch.cuda.cudart()
-    registered: list[int] = []
-    try:
-        for src in host:
-            if src.numel() == 0:
-                continue
-            err = cudart.cudaHostRegister(src.data_ptr(), src.numel(), _HOST_REGISTER_READ_ONLY)
-            if err != cudart.cudaError.success:
-                _clear_cuda_error()
-                log.info("host buffers not registered (%s); copying through staging", err)
-                return None
-            registered.append(src.data_ptr())
-        out = [torch.empty(src.numel(), dtype=torch.uint8, device=dev) for src in host]
-        stream = torch.cuda.Stream(device=dev)
-        # The buffers were allocated on the current stream; the copies must follow that.
-        stream.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(stream):
-            for src, dst in zip(host, out, strict=True):
-                dst.copy_(src, non_blocking=True)
-        stream.synchronize()
-        return out
-    finally:
-        for ptr in registered:
-            cudart.cudaHostUnregister(ptr)
+    err = cudart.cudaHostRegister(src.data_ptr(), src.numel(), _HOST_REGISTER_READ_ONLY)
+    if err != cudart.cudaError.success:
+        _clear_cuda_error()
+        return False
+    return True
 
 
 def _clear_cuda_error() -> None:

@@ -3,12 +3,14 @@
 ::
 
     load(ref, device)
-      manifest held in the tier?  -- yes -> place_held: map the tier's files, populated,
-                                            check their recorded checksums,
-                                            CPU: the mappings ARE the buffers
+      manifest held in the tier?  -- yes -> place_held: map the tier's files,
+                                            CPU: populated, every piece checked against
+                                                 its recorded checksum, at once; the
+                                                 mappings ARE the buffers
                                                  (MAP_PRIVATE: shared, copy-on-write)
-                                            CUDA: read-only shared mappings,
-                                                  registered as pinned -> device
+                                            CUDA: read-only shared mappings; per piece,
+                                                  at once: populate, check, register
+                                                  as pinned -> device
                                   -- no  -> the chunk pipeline (disk cache, store), then
                                             keep: copy the verified buffers into the tier;
                                             CPU: hand back the tier's mappings instead of
@@ -30,10 +32,16 @@ import torch
 from snapshotter.load_plan import LoadPlan
 from snapshotter.pipeline import StageTotals
 from snapshotter.ram_tier import RamTier
+from snapshotter.ram_tier_entry import BadEntry, TierFile, bytes_view, check_piece, populate_range
 
-# Host buffers -> (the same bytes on the target device, seconds); the CUDA placer's
+# (host buffers, their pieces, a check run on each piece before its copy) -> (the same
+# bytes on the target device, seconds); the CUDA placer's
 # ``snapshotter.loader_cuda.copy_to_device`` with its pool, given by the loader.
-ToDevice = Callable[[Sequence[torch.Tensor]], tuple[list[torch.Tensor], float]]
+PieceCheck = Callable[[int, int, int], None]  # (buffer index, begin, end); raises BadEntry
+ToDevice = Callable[
+    [Sequence[torch.Tensor], Sequence[Sequence[tuple[int, int]]], PieceCheck | None],
+    tuple[list[torch.Tensor], float],
+]
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +67,24 @@ def place_held(
 
     Stage totals: fetch = mapping the files, verify = checking their checksums
     (0 bytes when the tier does not verify), place = the copy to the device (CPU: none).
+    To CUDA the checks run piece by piece inside the copy (``ToDevice``), each
+    piece copied once it passed: place then counts both, verify none of its time.
     """
     start = time.perf_counter()
-    hit = tier.get(digest, plan.files, read_only=dev.type == "cuda")
+    cuda = dev.type == "cuda"
+    hit = tier.get(digest, plan.files, read_only=cuda, check=not cuda)
     if hit is None:
         return None
     copy_s = 0.0
     buffers = hit.buffers
-    if dev.type == "cuda":
-        buffers, copy_s = to_device(hit.buffers)
+    if cuda:
+        pieces = [f.pieces() for f in hit.files]
+        check = None if hit.checked else _piece_check(hit.files, hit.buffers)
+        try:
+            buffers, copy_s = to_device(hit.buffers, pieces, check)
+        except BadEntry as exc:
+            tier.corrupt(digest, str(exc))
+            return None
     nbytes = hit.total_bytes
     totals = StageTotals(
         fetch_s=hit.map_s,
@@ -75,11 +92,22 @@ def place_held(
         decode_s=hit.verify_s,
         decode_bytes=nbytes if tier.config.verify else 0,
         place_s=copy_s,
-        place_bytes=nbytes if dev.type == "cuda" else 0,
+        place_bytes=nbytes if cuda else 0,
     )
     wall_s = time.perf_counter() - start
     tier.record_read(nbytes, wall_s)
     return HeldLoad(buffers, totals, nbytes, wall_s)
+
+
+def _piece_check(files: Sequence[TierFile], buffers: Sequence[torch.Tensor]) -> PieceCheck:
+    """Populate a piece of a hit's mappings and check it against its recorded checksum."""
+    views = [bytes_view(b) for b in buffers]
+
+    def check(i: int, begin: int, end: int) -> None:
+        populate_range(buffers[i][begin:end])
+        check_piece(files[i], views[i], begin, end)
+
+    return check
 
 
 def keep(

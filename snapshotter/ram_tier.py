@@ -7,7 +7,7 @@ entries are RAM and every process on the machine sees them)::
 
     .lock                        flock: serializes puts, drops and evictions
     bandwidth.json               {"bytes_per_s": ...}: moving average of reads, all processes
-    entries/<hex>/meta.json      manifest digest, per-file (path, data_bytes, xxh3 checksum)
+    entries/<hex>/meta.json      manifest digest, per file (path, data_bytes, xxh3 per piece)
     entries/<hex>/manifest.json  the manifest's canonical JSON (a re-warm reads no store)
     entries/<hex>/<i>.data       the data region of the manifest's i-th file, byte for byte
                                  the loader's buffer for it (files without tensors: 0 bytes)
@@ -123,13 +123,18 @@ class RamTierHit:
 
     The buffers are populated mappings of the tier's files (private copy-on-write,
     or read-only shared); they belong to the caller and stay valid after the entry
-    is evicted. ``map_s`` includes populating them.
+    is evicted. ``map_s`` includes populating them. ``files`` are the entry's
+    files with their recorded checksums; with ``checked`` False (a ``get`` with
+    ``check=False``) the caller checks each piece before it uses it, and reports
+    a mismatch with ``RamTier.corrupt``.
     """
 
     buffers: list[torch.Tensor]
     total_bytes: int
     map_s: float
     verify_s: float
+    files: list[TierFile]
+    checked: bool = True
 
 
 @dataclass(frozen=True)
@@ -214,35 +219,49 @@ class RamTier:
 
     # --- reads ---------------------------------------------------------------
     def get(
-        self, manifest_digest: str, files: Sequence[FileShape], *, read_only: bool = False
+        self,
+        manifest_digest: str,
+        files: Sequence[FileShape],
+        *,
+        read_only: bool = False,
+        check: bool = True,
     ) -> RamTierHit | None:
         """Map every file buffer of the manifest, or None (a miss: load it elsewhere).
 
         ``files`` is the load plan's files, in order; an entry that does not
         match them, or (with ``verify``) whose bytes do not match the checksums
         recorded at insert, is dropped and counted as ``corrupt``. ``read_only``:
-        shared read-only mappings, for a copy to a device (see the module docstring).
+        shared read-only mappings, for a copy to a device (see the module
+        docstring), left unpopulated with ``check=False``: then (with ``verify``)
+        the caller checks each piece as it copies it (``RamTierHit.checked``
+        False), populating it first, and an older entry with no checksums is
+        checked here all the same.
         """
         start = time.perf_counter()
         entry = self.entry_dir(manifest_digest)
+        deferred = read_only and not check and self.config.verify
         try:
-            found = _map_entry(entry, files, read_only)
+            found = _map_entry(entry, files, read_only, populate=not deferred)
             if found is None:  # absent, or evicted while we looked
                 self._count(misses=1)
                 return None
             meta, buffers = found
             map_s = time.perf_counter() - start
-            if self.config.verify:
+            if deferred and any(f.checksums is None for f in meta):
+                deferred = False
+            if self.config.verify and not deferred:
                 checked = check_files(meta, buffers)
                 if checked != meta:
                     self.record_checksums(manifest_digest, meta, checked)
+                    meta = checked
         except BadEntry as exc:
-            self._corrupt(manifest_digest, str(exc))
+            self.corrupt(manifest_digest, str(exc))
             return None
         touch(entry / "meta.json")
         self._count(hits=1)
         total = sum(f.data_bytes for f in meta)
-        return RamTierHit(buffers, total, map_s, time.perf_counter() - start - map_s)
+        verify_s = time.perf_counter() - start - map_s
+        return RamTierHit(buffers, total, map_s, verify_s, meta, checked=not deferred)
 
     def map(self, manifest_digest: str, files: Sequence[FileShape]) -> list[torch.Tensor] | None:
         """Private mappings of an entry just ``put`` (not re-verified, not counted); None
@@ -327,7 +346,8 @@ class RamTier:
             log.warning("RAM tier entry %s not recorded: %s", manifest_digest, exc)
 
     # --- internals -----------------------------------------------------------
-    def _corrupt(self, manifest_digest: str, why: str) -> None:
+    def corrupt(self, manifest_digest: str, why: str) -> None:
+        """Drop an entry whose bytes failed a check (counted as ``corrupt`` and a miss)."""
         log.warning(
             "RAM tier entry %s is corrupt (%s); dropped, loading from the disk cache",
             manifest_digest,
@@ -403,9 +423,10 @@ def _list(directory: Path) -> list[Path]:
 
 
 def _map_entry(
-    entry: Path, files: Sequence[FileShape], read_only: bool = False
+    entry: Path, files: Sequence[FileShape], read_only: bool = False, populate: bool = True
 ) -> tuple[list[TierFile], list[torch.Tensor]] | None:
-    """(meta, populated mappings) of an entry matching ``files``; None when it is absent.
+    """(meta, mappings, populated unless not ``populate``) of an entry matching
+    ``files``; None when it is absent.
 
     Raises ``BadEntry`` when the entry is unreadable or does not match ``files``.
     """
@@ -414,5 +435,5 @@ def _map_entry(
         return None
     if [(f.path, f.data_bytes) for f in meta] != [(f.path, f.data_bytes) for f in files]:
         raise BadEntry("its files differ from the manifest's")
-    buffers = map_all(entry, meta, read_only=read_only)
+    buffers = map_all(entry, meta, read_only=read_only, populate=populate)
     return None if buffers is None else (meta, buffers)

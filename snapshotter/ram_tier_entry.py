@@ -4,16 +4,21 @@ See ``snapshotter.ram_tier`` for the layout and the contracts; this module
 is the entry's file format (``meta.json`` + one ``<i>.data`` per file) and
 the I/O on it, with no policy.
 
-``meta.json`` records each data file's checksum (xxh3, ``snapshotter.digest``)
-of the bytes written. Format 1 (older thaw) recorded a blake3 digest of them
-instead: such a file's bytes are checked with that digest, and its entry's
-``meta.json`` is then written again in format 2.
+``meta.json`` records, for each data file, the checksum (xxh3,
+``snapshotter.digest``) of every piece of ``piece_bytes`` of the bytes written
+(format 3), so a read checks its pieces at once on every CPU and a copy to a
+device can start with the first piece checked. Format 2 (older thaw) recorded
+one checksum per file: a one-piece file. Format 1 recorded a blake3 digest per
+file instead: such a file's bytes are checked with that digest, and its
+entry's ``meta.json`` is then written again in format 3.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import functools
 import json
 import mmap
 import os
@@ -29,14 +34,17 @@ from typing import Protocol
 
 import torch
 
-from snapshotter.digest import Checksummer, checksum_bytes, digest_bytes
+from snapshotter.config import usable_cpus
+from snapshotter.digest import checksum_bytes, digest_bytes
 
-FORMAT = 2
+FORMAT = 3
+_ONE_PIECE_FORMAT = 2  # one checksum per file
 _OLD_FORMAT = 1  # blake3 digests instead of checksums
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
-# Device buffers are written through host pieces of this size.
-_PIECE_BYTES = 64 << 20
+# Data files are checksummed in pieces of this size (a multiple of any page size);
+# device buffers are written through host pieces of it.
+PIECE_BYTES = 32 << 20
 # madvise(2): fault a range's pages in for reading, in one call (Linux 5.14+); Python 3.11's
 # mmap module does not name it.
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
@@ -48,8 +56,14 @@ class TierFile:
 
     path: str
     data_bytes: int
-    checksum: int | None  # xxh3 of the data region as written into the tier
-    old_digest: str | None = None  # format 1 only (no checksum): blake3 of the same bytes
+    checksums: tuple[int, ...] | None  # xxh3 of each piece of the region as written
+    piece_bytes: int = PIECE_BYTES
+    old_digest: str | None = None  # format 1 only (no checksums): blake3 of the same bytes
+
+    def pieces(self) -> list[tuple[int, int]]:
+        """The ``[begin, end)`` byte ranges checksummed one each, in order."""
+        step = max(self.piece_bytes, 1)
+        return [(b, min(b + step, self.data_bytes)) for b in range(0, self.data_bytes, step)]
 
 
 class FileShape(Protocol):
@@ -72,12 +86,30 @@ def read_meta(entry: Path) -> list[TierFile] | None:
         doc = json.loads((entry / "meta.json").read_bytes())
         if doc["format"] == _OLD_FORMAT:
             return [
-                TierFile(f["path"], int(f["data_bytes"]), None, str(f["digest"]))
+                TierFile(f["path"], int(f["data_bytes"]), None, old_digest=str(f["digest"]))
                 for f in doc["files"]
+            ]
+        if doc["format"] == _ONE_PIECE_FORMAT:
+            return [
+                TierFile(f["path"], n, (int(f["xxh3"], 16),), piece_bytes=n)
+                for f in doc["files"]
+                for n in [int(f["data_bytes"])]
             ]
         if doc["format"] != FORMAT:
             raise ValueError(f"format {doc['format']}, expected {FORMAT}")
-        return [TierFile(f["path"], int(f["data_bytes"]), int(f["xxh3"], 16)) for f in doc["files"]]
+        files = [
+            TierFile(
+                f["path"],
+                int(f["data_bytes"]),
+                tuple(int(c, 16) for c in f["xxh3"]),
+                piece_bytes=int(f["piece_bytes"]),
+            )
+            for f in doc["files"]
+        ]
+        for f in files:
+            if f.piece_bytes <= 0 or len(f.pieces()) != len(f.checksums or ()):
+                raise ValueError(f"{f.path}: {len(f.checksums or ())} checksums for its pieces")
+        return files
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -85,7 +117,7 @@ def read_meta(entry: Path) -> list[TierFile] | None:
 
 
 def map_all(
-    entry: Path, meta: Sequence[TierFile], *, read_only: bool = False
+    entry: Path, meta: Sequence[TierFile], *, read_only: bool = False, populate: bool = True
 ) -> list[torch.Tensor] | None:
     """Mappings of every data file (``map_file``); None if one has vanished (evicted
     meanwhile).
@@ -103,14 +135,17 @@ def map_all(
             size_bytes = path.stat().st_size
             if size_bytes != f.data_bytes:
                 raise BadEntry(f"{f.path} holds {size_bytes} bytes, expected {f.data_bytes}")
-            buffers.append(map_file(path, f.data_bytes, read_only=read_only))
+            buffers.append(map_file(path, f.data_bytes, read_only=read_only, populate=populate))
         except (OSError, ValueError):  # gone (evicted meanwhile), or shrunk since the stat
             return None
     return buffers
 
 
-def map_file(path: Path, nbytes: int, *, read_only: bool = False) -> torch.Tensor:
-    """A CPU uint8 tensor over a data file's tmpfs pages (no copy), populated in one call.
+def map_file(
+    path: Path, nbytes: int, *, read_only: bool = False, populate: bool = True
+) -> torch.Tensor:
+    """A CPU uint8 tensor over a data file's tmpfs pages (no copy), populated in one call
+    (``populate``; a read-only mapping may be left to ``populate_range`` by pieces).
 
     ``read_only=False`` (tensors handed to the function): ``MAP_PRIVATE``,
     readable and writable; a write copies the page it touches (copy-on-write).
@@ -128,14 +163,15 @@ def map_file(path: Path, nbytes: int, *, read_only: bool = False) -> torch.Tenso
             mapped = mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE, prot=prot)
     finally:
         os.close(fd)  # the mapping keeps its own reference to the file
-    populate(mapped, path)
+    if populate:
+        populate_mapping(mapped, path)
     with warnings.catch_warnings():
         # A read-only buffer: torch warns that it has no read-only tensors; see above.
         warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)
         return torch.frombuffer(mapped, dtype=torch.uint8)
 
 
-def populate(mapped: mmap.mmap, path: Path) -> bool:
+def populate_mapping(mapped: mmap.mmap, path: Path) -> bool:
     """Map every page of ``mapped`` now, for reading (no copy: the page tables point at
     the tmpfs pages); False where the kernel cannot (before 5.14: pages then fault in
     on first use). Raises ``BadEntry`` when a page cannot be read (the file shrank).
@@ -152,40 +188,76 @@ def populate(mapped: mmap.mmap, path: Path) -> bool:
     return True
 
 
+def populate_range(buf: torch.Tensor) -> None:
+    """``populate_mapping`` for part of a mapping (``buf``, page-aligned; else left to
+    fault in). Raises ``BadEntry`` when a page cannot be read (the file shrank)."""
+    if buf.numel() == 0:
+        return
+    libc = _libc()
+    if libc.madvise(
+        ctypes.c_void_p(buf.data_ptr()), ctypes.c_size_t(buf.numel()), MADV_POPULATE_READ
+    ):
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS):
+            raise BadEntry(f"a data file cannot be read: {os.strerror(err)}")
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
+
+
 def check_files(meta: Sequence[TierFile], buffers: Sequence[torch.Tensor]) -> list[TierFile]:
-    """Check every file's bytes against its recorded checksum (a format-1 file: its
+    """Check every file's bytes against its recorded checksums (a format-1 file: its
     blake3 digest); raise ``BadEntry`` naming the first (in order) that differs.
 
-    Files are checked at once, a thread each up to the CPUs this process may use
-    (xxh3 and blake3 release the GIL): a hit waits for its largest file's check,
-    not for the sum of them. Returns the files with every checksum recorded: a
-    format-1 file gains the checksum of its bytes, just proved by the digest.
+    Pieces are checked at once, a thread each up to the CPUs this process may use
+    (xxh3 and blake3 release the GIL): a hit waits for about its bytes divided by
+    the CPUs' rate, even for a model in one file. Returns the files with every
+    checksum recorded: a format-1 file gains the checksums of its bytes, just
+    proved by the digest.
     """
     if len(meta) != len(buffers):
         raise ValueError(f"{len(meta)} files but {len(buffers)} buffers")
-    workers = min(len(meta), _usable_cpus())
+    tasks = [(i, begin, end) for i, f in enumerate(meta) for begin, end in _check_units(f)]
+    views = [bytes_view(b) for b in buffers]
+
+    def run(task: tuple[int, int, int]) -> None:
+        i, begin, end = task
+        check_piece(meta[i], views[i], begin, end)
+
+    workers = min(len(tasks), usable_cpus())
     if workers <= 1:
-        return [_check_file(f, buf) for f, buf in zip(meta, buffers, strict=True)]
-    with ThreadPoolExecutor(workers, thread_name_prefix="thaw-tier-check") as pool:
-        return list(pool.map(_check_file, meta, buffers))  # raises the first in order
+        for task in tasks:
+            run(task)
+    else:
+        with ThreadPoolExecutor(workers, thread_name_prefix="thaw-tier-check") as pool:
+            list(pool.map(run, tasks))  # raises the first in order
+    return [f if f.checksums is not None else _recorded(f, views[i]) for i, f in enumerate(meta)]
 
 
-def _check_file(f: TierFile, buf: torch.Tensor) -> TierFile:
-    view = bytes_view(buf)
-    if f.checksum is not None:
-        if checksum_bytes(view) != f.checksum:
-            raise BadEntry(f"{f.path} does not match its checksum")
-        return f
-    if f.old_digest is None or digest_bytes(view) != f.old_digest:
+def _check_units(f: TierFile) -> list[tuple[int, int]]:
+    """What one check covers: a piece, or a format-1 file whole (one digest)."""
+    return f.pieces() if f.checksums is not None else [(0, f.data_bytes)]
+
+
+def check_piece(f: TierFile, view: memoryview, begin: int, end: int) -> None:
+    """Check ``view[begin:end]``, one of ``f.pieces()`` (a format-1 file: all of it)."""
+    data = view[begin:end]
+    if f.checksums is not None:
+        expected = f.checksums[begin // max(f.piece_bytes, 1)]
+        if checksum_bytes(data) != expected:
+            raise BadEntry(f"{f.path} does not match its checksum (bytes {begin}-{end})")
+    elif f.old_digest is None or digest_bytes(data) != f.old_digest:
         raise BadEntry(f"{f.path} does not match its digest")
-    return TierFile(f.path, f.data_bytes, checksum_bytes(view))
 
 
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+def _recorded(f: TierFile, view: memoryview) -> TierFile:
+    """A format-1 file, just checked, with the checksums of its pieces."""
+    pieces = TierFile(f.path, f.data_bytes, None).pieces()
+    return TierFile(f.path, f.data_bytes, tuple(checksum_bytes(view[b:e]) for b, e in pieces))
 
 
 def bytes_view(buf: torch.Tensor) -> memoryview:
@@ -215,7 +287,8 @@ def write_entry(
 
 
 def rewrite_meta(entry: Path, manifest_digest: str, files: Sequence[TierFile]) -> None:
-    """Replace an entry's ``meta.json`` atomically (format 2, every checksum recorded)."""
+    """Replace an entry's ``meta.json`` atomically (the current format, every checksum
+    recorded)."""
     tmp = entry / f"{TMP_PREFIX}meta-{uuid.uuid4().hex}"
     try:
         tmp.write_text(_meta_json(manifest_digest, files))
@@ -225,39 +298,45 @@ def rewrite_meta(entry: Path, manifest_digest: str, files: Sequence[TierFile]) -
 
 
 def _meta_json(manifest_digest: str, files: Sequence[TierFile]) -> str:
-    if any(f.checksum is None for f in files):
-        raise ValueError("every file of a format-2 entry records its checksum")
+    if any(f.checksums is None for f in files):
+        raise ValueError(f"every file of a format-{FORMAT} entry records its checksums")
     doc = {
         "format": FORMAT,
         "manifest_digest": manifest_digest,
         "files": [
-            {"path": f.path, "data_bytes": f.data_bytes, "xxh3": f"{f.checksum:016x}"}
+            {
+                "path": f.path,
+                "data_bytes": f.data_bytes,
+                "piece_bytes": f.piece_bytes,
+                "xxh3": [f"{c:016x}" for c in f.checksums or ()],
+            }
             for f in files
         ],
     }
     return json.dumps(doc, sort_keys=True)
 
 
-def write_data(path: Path, buf: torch.Tensor) -> int:
-    """Copy ``buf`` (any device) into a new tier file; returns the checksum of what it holds.
+def write_data(path: Path, buf: torch.Tensor) -> tuple[int, ...]:
+    """Copy ``buf`` (any device) into a new tier file; returns the checksums of what it
+    holds, one per ``PIECE_BYTES``.
 
     Plain ``write``s, not a shared mapping: a full tmpfs is then ``ENOSPC``
     (never ``SIGBUS``), and writing skips the page faults of a fresh mapping
-    (about 2.5x faster). A device buffer goes through host pieces of at most
-    ``_PIECE_BYTES``, so the host never holds a second full copy.
+    (about 2.5x faster). A device buffer goes through host pieces of
+    ``PIECE_BYTES``, so the host never holds a second full copy.
     """
-    hasher = Checksummer()
+    checksums = []
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        for begin in range(0, buf.numel(), _PIECE_BYTES):
-            piece = buf[begin : begin + _PIECE_BYTES]
+        for begin in range(0, buf.numel(), PIECE_BYTES):
+            piece = buf[begin : begin + PIECE_BYTES]
             view = bytes_view(piece if piece.device.type == "cpu" else piece.cpu())
-            hasher.update(view)  # the bytes written: what a later read must hash to
+            checksums.append(checksum_bytes(view))  # the bytes written: what a read checks
             _write_all(fd, view)
     finally:
         os.close(fd)
     os.chmod(path, 0o444)
-    return hasher.checksum()
+    return tuple(checksums)
 
 
 def _write_all(fd: int, data: memoryview) -> None:

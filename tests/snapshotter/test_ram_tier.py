@@ -231,29 +231,40 @@ def _bad_meta(path: Path) -> None:
     (path.parent / "meta.json").write_text("{not json")
 
 
+_CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    ],
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", _CUDA])
 @pytest.mark.parametrize("damage", [_flip_byte, _truncate, _bad_meta])
 def test_a_corrupt_entry_is_dropped_the_load_falls_back_and_heals(
     tmp_path: Path,
     llama_dir: Path,
     tier_config: RamTierConfig,
     damage: Callable[[Path], None],
+    device: str,
 ) -> None:
     registry, store = counting_registry(StoreConfig(url=str(tmp_path / "store")))
     digest = push(registry, llama_dir, "llama:v1")
     tier = RamTier(tier_config)
     snap = Snapshotter(registry, _cache(tmp_path / "cache"), ram_tier=tier)
-    snap.load(digest)
+    snap.load(digest, device)
     damage(max(tier.entry_dir(digest).glob("*.data"), key=lambda f: f.stat().st_size))
 
     store.reset()
-    fallback = snap.load(digest)
+    fallback = snap.load(digest, device)
     assert tier.counters().corrupt == 1
     assert fallback.report.ram_tier_bytes == 0
     assert fallback.report.cache_hits == fallback.report.chunks > 0  # the disk cache served it
     assert store.chunk_gets() == []
     assert_same_tensors(fallback, expected_tensors(llama_dir))
 
-    healed = snap.load(digest)
+    healed = snap.load(digest, device)
     assert healed.report.ram_tier_bytes == healed.report.tensor_bytes
     assert_same_tensors(healed, expected_tensors(llama_dir))
 
@@ -283,7 +294,7 @@ def test_an_older_entry_is_checked_with_its_digests_once_then_recorded(
     assert_same_tensors(held, expected_tensors(llama_dir))
     assert (tier.counters().rehashed, tier.counters().corrupt) == (1, 0)
     meta = json.loads((tier.entry_dir(digest) / "meta.json").read_bytes())
-    assert meta["format"] == 2 and all("xxh3" in f for f in meta["files"])
+    assert meta["format"] == 3 and all("piece_bytes" in f for f in meta["files"])
 
     assert snap.load(digest).report.ram_tier_bytes == held.report.tensor_bytes
     assert tier.counters().rehashed == 1  # recorded: the next hit checks checksums
@@ -426,14 +437,48 @@ def test_cuda_second_start_from_the_ram_tier(
     assert_same_tensors(second, expected_tensors(llama_dir))
 
 
-def test_files_are_checked_at_once_and_the_first_bad_one_is_named() -> None:
+def test_pieces_are_checked_at_once_and_the_first_bad_one_is_named() -> None:
+    piece = 4096
     buffers = [torch.randint(0, 256, (n,), dtype=torch.uint8) for n in (4096, 70_000, 300)]
     meta = [
-        TierFile(f"f{i}.safetensors", b.numel(), checksum_bytes(bytes_view(b)))
+        TierFile(f"f{i}.safetensors", b.numel(), _piece_checksums(b, piece), piece_bytes=piece)
         for i, b in enumerate(buffers)
     ]
+    assert [len(f.pieces()) for f in meta] == [1, 18, 1]
     assert check_files(meta, buffers) == meta
     buffers[2][0] ^= 1
-    buffers[1][7] ^= 1
-    with pytest.raises(BadEntry, match=r"f1\.safetensors does not match its checksum"):
+    buffers[1][50_000] ^= 1
+    with pytest.raises(
+        BadEntry, match=r"f1\.safetensors does not match its checksum \(bytes 49152-53248\)"
+    ):
         check_files(meta, buffers)
+
+
+def _piece_checksums(buf: torch.Tensor, piece: int) -> tuple[int, ...]:
+    view = bytes_view(buf)
+    return tuple(checksum_bytes(view[b : b + piece]) for b in range(0, len(view), piece))
+
+
+def test_an_entry_with_one_checksum_per_file_is_still_checked(
+    tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig
+) -> None:
+    """Format 2 (an older thaw): one xxh3 per file, a one-piece file."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    digest = push(registry, llama_dir, "llama:v1")
+    tier = RamTier(tier_config)
+    snap = Snapshotter(registry, _cache(tmp_path / "cache"), ram_tier=tier)
+    snap.load(digest)
+    entry = tier.entry_dir(digest)
+    doc = json.loads((entry / "meta.json").read_bytes())
+    for i, f in enumerate(doc["files"]):
+        del f["piece_bytes"]
+        f["xxh3"] = f"{checksum_bytes((entry / f'{i}.data').read_bytes()):016x}"
+    doc["format"] = 2
+    (entry / "meta.json").write_text(json.dumps(doc))
+
+    held = snap.load(digest)
+    assert held.report.ram_tier_bytes == held.report.tensor_bytes
+    assert_same_tensors(held, expected_tensors(llama_dir))
+    _flip_byte(max(entry.glob("*.data"), key=lambda f: f.stat().st_size))
+    assert snap.load(digest).report.ram_tier_bytes == 0
+    assert tier.counters().corrupt == 1

@@ -110,7 +110,7 @@ def test_bytes_wrong_when_the_tier_recorded_them_are_caught_by_the_digests(
     # Record the checksum of the damaged bytes: a load's check would pass them.
     meta = json.loads((entry / "meta.json").read_bytes())
     index = int(data.name.split(".")[0])
-    meta["files"][index]["xxh3"] = f"{checksum_bytes(data.read_bytes()):016x}"
+    meta["files"][index]["xxh3"] = [f"{checksum_bytes(data.read_bytes()):016x}"]
     (entry / "meta.json").write_text(json.dumps(meta))
 
     check = verify_tier(tier)
@@ -135,7 +135,7 @@ def test_an_older_tier_entry_is_recorded(
 
     check = verify_tier(RamTier(tier_config))
     assert check.ok and check.recorded == 1
-    assert json.loads((entry / "meta.json").read_bytes())["format"] == 2
+    assert json.loads((entry / "meta.json").read_bytes())["format"] == 3
 
 
 def test_thaw_cache_verify_names_damage_and_exits_1_then_0(
