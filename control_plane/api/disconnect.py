@@ -9,7 +9,7 @@ calls ``on_gone`` once, shielded from that cancellation.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 
 import anyio
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
@@ -17,19 +17,23 @@ from starlette.requests import Request
 
 
 async def until_disconnect(
-    request: Request, body: Iterator[bytes], on_gone: Callable[[], None]
+    request: Request, body: Iterator[bytes] | AsyncIterator[bytes], on_gone: Callable[[], None]
 ) -> AsyncIterator[bytes]:
-    """``body``'s chunks until it ends; ``on_gone`` (blocking, run on a worker thread)
-    if the client disconnects first."""
+    """``body``'s chunks until it ends (a blocking iterator runs on worker threads);
+    ``on_gone`` (blocking, run on a worker thread) if the client disconnects first.
+    An asynchronous ``body`` is closed either way."""
+    chunks = body if isinstance(body, AsyncIterator) else iterate_in_threadpool(body)
     ended = False
     try:
-        async for chunk in iterate_in_threadpool(body):
+        async for chunk in chunks:
             if await request.is_disconnected():
                 break
             yield chunk
         else:
             ended = True
     finally:
-        if not ended:
-            with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
+            if isinstance(body, AsyncGenerator):
+                await body.aclose()
+            if not ended:
                 await run_in_threadpool(on_gone)

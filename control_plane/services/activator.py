@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Generator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import anyio
+import anyio.to_thread
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Replica, Worker
@@ -101,7 +103,7 @@ class Activator:
         run by this process over a direct port hands its outputs here in memory
         (``services.live_outputs``); the database is read for its end, or from where
         the hand-off stopped. ``deadline_at``: the call's, when the caller knows it."""
-        seen, last_seq = 0, 0
+        last_seq = 0
         live = self.s.live.attach(call_id)
         if live is not None:
             try:
@@ -112,6 +114,81 @@ class Activator:
                 live.reader_gone = True
             if ended:
                 return
+        yield from self._stream_recorded(call_id, last_seq, keepalive_s)
+
+    async def astream(
+        self, call_id: str, keepalive_s: float | None = None, deadline_at: float | None = None
+    ) -> AsyncGenerator[list[StreamItem]]:
+        """``stream`` for the event loop, in batches: what the hand-off holds when the
+        reader wakes, together (one wake-up, one write, however many tokens piled
+        up), with no thread; the database part (a call not run over a direct port,
+        or the rest after a fallback) on worker threads, an item a batch."""
+        last_seq = 0
+        live = self.s.live.attach(call_id)
+        if live is not None:
+            state = _LiveState()
+            try:
+                async for batch in self._astream_live(
+                    call_id, live, keepalive_s, deadline_at, state
+                ):
+                    yield batch
+            finally:
+                live.reader_gone = True
+            if state.ended:
+                return
+            last_seq = state.last_seq
+        recorded = self._stream_recorded(call_id, last_seq, keepalive_s)
+        async for item in _in_threads(recorded):
+            yield [item]
+
+    async def _astream_live(
+        self,
+        call_id: str,
+        live: LiveCall,
+        keepalive_s: float | None,
+        deadline_at: float | None,
+        state: _LiveState,
+    ) -> AsyncIterator[list[StreamItem]]:
+        """``_stream_live`` in the event loop; where it stopped goes in ``state``."""
+        if deadline_at is None:
+            deadline_at = (await anyio.to_thread.run_sync(self._read, call_id)).deadline_at
+        last_item = self.s.clock()
+        while self.s.clock() < deadline_at + LIVE_DEADLINE_GRACE_S:
+            wait_s = deadline_at + LIVE_DEADLINE_GRACE_S - self.s.clock()
+            if keepalive_s is not None:
+                wait_s = min(wait_s, last_item + keepalive_s - self.s.clock())
+            items = await live.get_ready(wait_s)
+            if not items:
+                if keepalive_s is not None and self.s.clock() - last_item >= keepalive_s:
+                    last_item = self.s.clock()
+                    yield [StreamItem("waiting", "running")]
+                continue
+            last_item = self.s.clock()
+            batch = []
+            for item in items:
+                if item.kind == "output":
+                    if item.seq > state.last_seq:
+                        state.last_seq = item.seq
+                        batch.append(StreamItem("output", item.data))
+                    continue
+                if item.kind == "final":
+                    view = item.data
+                    if not isinstance(view, CallView):
+                        view = await anyio.to_thread.run_sync(self._read, call_id)
+                    if view.final:
+                        state.ended = True
+                        batch.append(end_item(view))
+                if batch:
+                    yield batch
+                return
+            if batch:
+                yield batch
+
+    def _stream_recorded(
+        self, call_id: str, last_seq: int, keepalive_s: float | None
+    ) -> Iterator[StreamItem]:
+        """The call's recorded outputs after ``last_seq`` as they come, then its end."""
+        seen = 0
         last_item = self.s.clock()
         while True:
             with self.s.db.session() as session:
@@ -220,6 +297,26 @@ def wait_dispatched(activator: Activator, call_id: str) -> CallView:
         if activator.s.clock() >= view.deadline_at:
             return activator._expire(view)
         seen = activator._wait(call_id, seen, view.deadline_at)
+
+
+@dataclass
+class _LiveState:
+    """Where an ``astream``'s hand-off stopped."""
+
+    last_seq: int = 0
+    ended: bool = False  # the call's end was given
+
+
+_DONE = object()
+
+
+async def _in_threads(items: Iterator[StreamItem]) -> AsyncIterator[StreamItem]:
+    """``items``, each ``next`` on a worker thread (it blocks on the database)."""
+    while True:
+        item = await anyio.to_thread.run_sync(next, items, _DONE)
+        if not isinstance(item, StreamItem):  # _DONE
+            return
+        yield item
 
 
 def end_item(view: CallView) -> StreamItem:

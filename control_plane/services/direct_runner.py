@@ -107,6 +107,9 @@ class DirectRunner:
             message = message.model_copy(update={"report_started": False})
         live = self.s.live.get(claim.call_id)
         kept: list[CallEvent] = []  # outputs handed to the reader, to record with the end
+        # A live stream's start, recorded with its first output (or its end): no write,
+        # and no wait behind other calls' writes, before its first token reaches the reader.
+        pending: list[CallEvent] = []
         first_recorded = False
         try:
             events = self.s.direct.run(claim.data_addr, claim.data_token, message, timeout_s)
@@ -119,10 +122,15 @@ class DirectRunner:
                     if first_recorded:
                         kept.append(ev)
                     else:  # the first output is recorded at once: its time is the call's
-                        self._record(claim, [ev])
+                        self._record(claim, [*pending, ev])
+                        pending.clear()
                         first_recorded = True
+                elif ev.kind == "started" and live is not None and live.wanted:
+                    if record_started:
+                        pending.append(ev)
                 elif ev.kind != "started" or record_started:
-                    final = self._record(claim, [*joined(kept), ev]) or final
+                    final = self._record(claim, [*pending, *joined(kept), ev]) or final
+                    pending.clear()
                     kept.clear()
                     if live is not None and ev.kind in FINAL_CALL_EVENTS:
                         live.put(LiveItem("final", data=final))  # the call as it ended
@@ -140,8 +148,8 @@ class DirectRunner:
             if not ended:
                 counter.labels(claim.function, "lost").inc()
         finally:
-            if kept:  # the run stopped without its end: what the reader had is kept
-                self._record(claim, joined(kept))
+            if kept or pending:  # the run stopped without its end: what it had is kept
+                self._record(claim, [*pending, *joined(kept)])
             if live is not None:
                 self.s.live.end(claim.call_id)
         return final

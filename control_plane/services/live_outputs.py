@@ -24,10 +24,14 @@ first output only.
 
 from __future__ import annotations
 
-import queue
+import asyncio
+import collections
+import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import anyio
 
 LiveKind = Literal["output", "final", "fallback"]
 
@@ -40,10 +44,13 @@ class LiveItem:
 
 
 class LiveCall:
-    """One call's hand-off: the runner puts, one reader gets."""
+    """One call's hand-off: the runner puts, one reader gets (on a thread, ``get``, or
+    in the event loop, ``get_ready``: no thread and one wake-up for what piled up)."""
 
     def __init__(self) -> None:
-        self._items: queue.SimpleQueue[LiveItem] = queue.SimpleQueue()
+        self._items: collections.deque[LiveItem] = collections.deque()
+        self._cond = threading.Condition()
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
         self._ended = False
         self.attached = False
         self.reader_gone = False  # the reader left: put nothing more
@@ -54,9 +61,16 @@ class LiveCall:
         return not self.reader_gone
 
     def put(self, item: LiveItem) -> None:
-        if item.kind != "output":
-            self._ended = True
-        self._items.put(item)
+        with self._cond:
+            if item.kind != "output":
+                self._ended = True
+            self._items.append(item)
+            self._cond.notify()
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            loop, future = waiter
+            with contextlib.suppress(RuntimeError):  # its loop closed: the reader is gone
+                loop.call_soon_threadsafe(_wake, future)
 
     def finish(self) -> None:
         """The run is over: a fallback for a reader still waiting, unless it ended."""
@@ -65,10 +79,37 @@ class LiveCall:
 
     def get(self, timeout_s: float) -> LiveItem | None:
         """The next item, or None when ``timeout_s`` passed with none."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._items, max(0.0, timeout_s)):
+                return None
+            return self._items.popleft()
+
+    async def get_ready(self, timeout_s: float) -> list[LiveItem]:
+        """Every item there is, waiting up to ``timeout_s`` for one (none: ``[]``)."""
+        with self._cond:
+            if self._items or timeout_s <= 0:
+                return self._take_all()
+            future = asyncio.get_running_loop().create_future()
+            self._waiter = (asyncio.get_running_loop(), future)
         try:
-            return self._items.get(timeout=max(0.0, timeout_s))
-        except queue.Empty:
-            return None
+            with anyio.move_on_after(timeout_s):
+                await future
+        finally:
+            with self._cond:
+                if self._waiter is not None and self._waiter[1] is future:
+                    self._waiter = None
+        with self._cond:
+            return self._take_all()
+
+    def _take_all(self) -> list[LiveItem]:
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class LiveOutputs:

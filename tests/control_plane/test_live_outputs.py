@@ -6,7 +6,9 @@ events scripted."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -84,23 +86,38 @@ def _stored(s: Services) -> list[tuple[int, Any]]:
         return calls.outputs_after(session, CALL, 1, 0)
 
 
-def _run(s: Services, script: list[CallEvent | Exception]) -> tuple[list[StreamItem], list[Any]]:
-    """Run the call while reading its stream; what the reader got, and what the record
-    held just before the run's end."""
+def _run(
+    s: Services, script: list[CallEvent | Exception], reader: str
+) -> tuple[list[StreamItem], list[Any]]:
+    """Run the call while reading its stream (on this thread, or in an event loop);
+    what the reader got, and what the record held just before the run's end."""
     seen_before_end: list[Any] = []
     s.direct = ScriptedPort(script, lambda: seen_before_end.extend(_stored(s)))  # type: ignore[assignment]
     runner = DirectRunner(s, kick=lambda f: None, send_queued=lambda w, m: True)
     s.live.open(CALL)
     runner.start(_claim(s))
-    items = list(Activator(s).stream(CALL, keepalive_s=5.0))
+    if reader == "thread":
+        items = list(Activator(s).stream(CALL, keepalive_s=5.0))
+    else:
+
+        async def read() -> list[StreamItem]:
+            return [i async for batch in Activator(s).astream(CALL, 5.0) for i in batch]
+
+        items = asyncio.run(read())
     return items, seen_before_end
+
+
+READERS = pytest.mark.parametrize("reader", ["thread", "event loop"])
 
 
 def out(seq: int, *chunks: str) -> CallEvent:
     return CallEvent(kind="output", seq=seq, outputs=list(chunks))
 
 
-def test_outputs_come_in_memory_and_are_recorded_with_the_end(services: Services) -> None:
+@READERS
+def test_outputs_come_in_memory_and_are_recorded_with_the_end(
+    services: Services, reader: str
+) -> None:
     script: list[CallEvent | Exception] = [
         CallEvent(kind="started"),
         out(1, "a"),
@@ -108,7 +125,7 @@ def test_outputs_come_in_memory_and_are_recorded_with_the_end(services: Services
         out(4, "d"),
         CallEvent(kind="succeeded", output="abcd"),
     ]
-    items, before_end = _run(services, script)
+    items, before_end = _run(services, script, reader)
     assert [(i.kind, i.data) for i in items] == [
         ("output", "a"),
         ("output", "b"),
@@ -124,8 +141,9 @@ def test_outputs_come_in_memory_and_are_recorded_with_the_end(services: Services
     assert view.status == "succeeded" and "first_output" in view.timings_ms
 
 
+@READERS
 def test_a_run_that_stops_without_its_end_leaves_the_rest_to_the_database(
-    services: Services,
+    services: Services, reader: str
 ) -> None:
     def worker_reports_the_rest() -> None:  # the worker's HTTP report, a moment later
         with services.db.session() as session:
@@ -137,7 +155,7 @@ def test_a_run_that_stops_without_its_end_leaves_the_rest_to_the_database(
     script: list[CallEvent | Exception] = [out(1, "a"), out(2, "b"), DirectLostError("gone")]
     reporter = threading.Timer(0.3, worker_reports_the_rest)
     reporter.start()
-    items, _ = _run(services, script)
+    items, _ = _run(services, script, reader)
     reporter.join()
     assert [(i.kind, i.data) for i in items] == [
         ("output", "a"),
@@ -171,3 +189,48 @@ def test_consecutive_outputs_are_joined_into_one_event() -> None:
     events = [out(1, "a"), out(2, "b", "c"), out(5, "e"), out(6, "f")]
     assert [(e.seq, e.chunks()) for e in joined(events)] == [(1, ["a", "b", "c"]), (5, ["e", "f"])]
     assert joined([]) == []
+
+
+def test_a_reader_in_the_event_loop_gets_what_piled_up_in_one_wake_up() -> None:
+    live = LiveOutputs().open("x")
+    for seq in (1, 2, 3):
+        live.put(LiveItem("output", seq, str(seq)))
+
+    async def read() -> tuple[list[LiveItem], list[LiveItem], list[LiveItem], float]:
+        piled = await live.get_ready(5.0)
+        started = time.monotonic()
+        threading.Timer(0.2, live.put, [LiveItem("final")]).start()
+        woken = await live.get_ready(5.0)  # waits, no thread of its own, until the put
+        waited_s = time.monotonic() - started
+        return piled, woken, await live.get_ready(0.05), waited_s
+
+    piled, woken, none, waited_s = asyncio.run(read())
+    assert [i.seq for i in piled] == [1, 2, 3]
+    assert woken == [LiveItem("final")] and 0.15 < waited_s < 4.0
+    assert none == []  # nothing came within the timeout
+
+
+def test_a_live_streams_start_is_recorded_with_its_first_output(services: Services) -> None:
+    """No write before the first token reaches its reader: until then the record says
+    the call was dispatched; with the first output it is running."""
+    statuses: list[str] = []
+
+    def status() -> str:
+        with services.db.session() as session:
+            return calls.get(session, CALL).status
+
+    class Port:
+        def run(self, addr: str, token: str, msg: RunCall, timeout_s: float) -> Iterator[CallEvent]:
+            yield CallEvent(kind="started")
+            statuses.append(status())  # the start read, the first output not yet
+            yield out(1, "a")
+            statuses.append(status())
+            yield CallEvent(kind="succeeded", output="a")
+
+    services.direct = Port()  # type: ignore[assignment]
+    runner = DirectRunner(services, kick=lambda f: None, send_queued=lambda w, m: True)
+    services.live.open(CALL)
+    runner.start(_claim(services))
+    items = list(Activator(services).stream(CALL, keepalive_s=5.0))
+    assert [i.kind for i in items] == ["output", "done"]
+    assert statuses == ["dispatched", "running"]

@@ -18,10 +18,11 @@ Thin on purpose: the wire format is ``control_plane.openai``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -99,20 +100,22 @@ async def _generate(
             target.function,
             call,
         )
-        items = inv.activator.stream(view.id, KEEPALIVE_S, view.deadline_at)
-        first = await run_in_threadpool(next, items)
+        batches = inv.activator.astream(view.id, KEEPALIVE_S, view.deadline_at)
+        first = await _first_batch(batches)
         if view.status == "queued":  # cold or warm, if known by now
             view = await run_in_threadpool(inv.get, who, view.id)
-        if first.kind == "error":
-            call_view = first.call
-            raise calls.failure(call_view, _text(first.data), call_view.status if call_view else "")
+        if first[0].kind == "error":
+            await batches.aclose()
+            call_view = first[0].call
+            error = _text(first[0].data)
+            raise calls.failure(call_view, error, call_view.status if call_view else "")
     except (ControlPlaneError, OpenAIError) as exc:
         return error_response(exc)
     stream = calls.Stream(parsed, view.id)
     return StreamingResponse(
         until_disconnect(
             request,
-            _events(stream, first, items),
+            _events(stream, first, batches),
             lambda: inv.activator.client_gone(view.id),
         ),
         media_type="text/event-stream",
@@ -174,25 +177,46 @@ def _complete(
     return JSONResponse(body, headers=headers_for(final, since))
 
 
-def _events(stream: calls.Stream, first: StreamItem, rest: Iterator[StreamItem]) -> Iterator[bytes]:
-    """The stream's SSE events: comments while waiting, chunks, then ``[DONE]``."""
-    for item in _chain(first, rest):
+async def _first_batch(batches: AsyncGenerator[list[StreamItem]]) -> list[StreamItem]:
+    """The stream's first items (a stream always gives at least its end)."""
+    async for batch in batches:
+        if batch:
+            return batch
+    raise RuntimeError("a call's stream ended with no item")
+
+
+async def _events(
+    stream: calls.Stream, first: list[StreamItem], batches: AsyncGenerator[list[StreamItem]]
+) -> AsyncIterator[bytes]:
+    """The stream's SSE events: comments while waiting, chunks, then ``[DONE]``; the
+    items that arrived together in one write."""
+    async with contextlib.aclosing(batches):
+        batch: list[StreamItem] | None = first
+        while batch is not None:
+            out, ended = _encode(stream, batch)
+            if out:
+                yield b"".join(out)
+            if ended:
+                return
+            batch = await anext(batches, None)
+
+
+def _encode(stream: calls.Stream, batch: list[StreamItem]) -> tuple[list[bytes], bool]:
+    """A batch's events, and whether the stream ended with it."""
+    out: list[bytes] = []
+    for item in batch:
         if item.kind == "waiting":
-            yield f": waiting for a replica (call {item.data})\n\n".encode()
+            out.append(f": waiting for a replica (call {item.data})\n\n".encode())
         elif item.kind == "output":
-            yield from stream.output(item.data)
+            out.extend(stream.output(item.data))
         elif item.kind == "error":
             status = item.call.status if item.call is not None else ""
-            yield calls.Stream.error(calls.failure(item.call, _text(item.data), status))
-            return
+            out.append(calls.Stream.error(calls.failure(item.call, _text(item.data), status)))
+            return out, True
         else:
-            yield calls.DONE
-            return
-
-
-def _chain(first: StreamItem, rest: Iterator[StreamItem]) -> Iterator[StreamItem]:
-    yield first
-    yield from rest
+            out.append(calls.DONE)
+            return out, True
+    return out, False
 
 
 def _text(data: Any) -> str:
