@@ -6,7 +6,7 @@
 # Downloads (here, where pip reaches an index) CPython 3.12 x86-64 wheels of the
 # project's runtime dependencies that such an image lacks, the loader peers the
 # CUDA rows compare against (fastsafetensors, Run:ai streamer), the openai SDK that
-# bench/llm.py drives thaw with, and the transformers
+# bench/llm.py drives thaw with, py-spy for bench/llm_profile.py, and the transformers
 # this checkout is tested with. There they install with no index:
 #
 #     python3 -m pip install -q --no-index --no-deps --target /tmp/site DIR/*.whl
@@ -34,7 +34,7 @@ done
   "psycopg[binary]>=3.1" trio opentelemetry-sdk opentelemetry-exporter-otlp-proto-http \
   opentelemetry-proto "openai==$openai"
 "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-  --implementation cp "${platforms[@]}" -d "$dir" fastsafetensors runai-model-streamer \
+  --implementation cp "${platforms[@]}" -d "$dir" fastsafetensors runai-model-streamer py-spy \
   "transformers==$transformers"
 # What the CUDA image has already (its own versions stay).
 cd "$dir"

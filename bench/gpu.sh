@@ -13,10 +13,11 @@
 #    (random bf16 weights, 3 shards): naive against pool miss, pool hit and the
 #    RAM tier, with the phases;
 # 4. bench/llm.py --device cuda: thaw's OpenAI routes and the engine in-process
-#    at 1, 8 and 32 streams, and the LLM cold start;
+#    at 1, 8 and 32 streams, and the LLM cold start; then bench/llm_profile.py:
+#    py-spy's view of thaw's processes while one stream runs;
 # 5. the load rows again for an 8 GiB model, if time is left.
 #
-# STEPS (default tests,load-1g,coldstart,llm,load-8g) names the steps to run, so a
+# STEPS (default tests,load-1g,coldstart,llm,llm-profile,load-8g) names the steps, so a
 # second run in the same lease can skip what the first measured.
 # Each step is cut at its own limit and at SECONDS (default 520) from the start,
 # so that one run and a machine's start fit a 15-minute lease (on an H200 on
@@ -27,10 +28,13 @@
 set -u
 out=${1:?usage: bench/gpu.sh OUT_DIR [SECONDS]}
 budget=${2:-520}
-steps=,${3:-tests,load-1g,coldstart,llm,load-8g},
+steps=,${3:-tests,load-1g,coldstart,llm,llm-profile,load-8g},
 start=$(date +%s)
 cd "$(dirname "$0")/.."
 export COLUMNS=160 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
+for site in ${PYTHONPATH//:/ }; do  # pip --target puts scripts (py-spy) in its bin/
+  [[ -d $site/bin ]] && PATH="$site/bin:$PATH"
+done
 data=${THAW_GPU_DATA:-/tmp/thaw-gpu}
 mkdir -p "$out" "$data"
 
@@ -78,7 +82,7 @@ grep -E "passed|failed|error" "$out/tests.log" | tail -3
 
 cuda_rows=memcpy,h2d,safetensors-cuda,fastsafetensors,runai-cuda,thaw-cuda,thaw-ram-cuda,thaw-ram
 step load-1g 150 python3 bench/load.py --size-mb 1024 --trials 3 --methods "$cuda_rows" \
-  --data-dir "$data/load" --json "$out/load-1g.json"
+  --data-dir "$data/load"
 tail -n 45 "$out/load-1g.log"
 
 wait "$builder"; tail -n 2 "$data/model.log"
@@ -94,6 +98,11 @@ find "$data/llm" -name '*.log' -newer "$out/env.log" 2>/dev/null | while read -r
   printf '\n--- %s\n' "$f"; tail -n 80 "$f"
 done >>"$out/llm.log"
 tail -n 40 "$out/llm.log"
+
+# Where a stream's time goes in each of thaw's processes on the GPU (py-spy), at 1 stream.
+step llm-profile 90 python3 bench/llm_profile.py --device cuda --streams 1 --seconds 15 \
+  --data-dir "$data/llm" --out "$data/llm-profile"
+tail -n 60 "$out/llm-profile.log"
 
 step load-8g 150 python3 bench/load.py --size-mb 8192 --trials 2 \
   --methods h2d,safetensors-cuda,thaw-cuda,thaw-ram-cuda --data-dir "$data/load8"

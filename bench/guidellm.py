@@ -301,9 +301,9 @@ def _server(args: argparse.Namespace, model_dir: Path, tmp: Path) -> Iterator[tu
 
 
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
-    from bench.llm import _model_dir, check_model_dir
+    from bench.llm import check_model_dir, model_dir_of
 
-    model_dir = _model_dir(args)
+    model_dir = model_dir_of(args)
     if (why := check_model_dir(model_dir)) is not None:
         raise SystemExit(f"--model: {why}")
     exe = ensure_venv(args.venv, say)

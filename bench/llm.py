@@ -197,7 +197,8 @@ def measure_cold(
     }
 
 
-def _model_dir(args: argparse.Namespace) -> Path:
+def model_dir_of(args: argparse.Namespace) -> Path:
+    """``--model``, else the example model (made on first use)."""
     if args.model is not None:
         return Path(args.model)
     from bench._coldstart_setup import FULL_MODEL, QUICK_MODEL, ensure_example
@@ -227,7 +228,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         "max_batch_tokens": args.max_batch_tokens,
         "kv_cache_mb": args.kv_cache_mb,
     }
-    model_dir = _model_dir(args) if args.model or not args.url else None
+    model_dir = model_dir_of(args) if args.model or not args.url else None
     if model_dir is not None and (why := check_model_dir(model_dir)) is not None:
         raise SystemExit(f"--model: {why}")
     levels, rounds, n = args.streams, args.rounds, args.max_tokens
