@@ -5,7 +5,6 @@ The process's settings class (``control_plane.settings.Settings``) builds these.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,12 +61,3 @@ class RamTierConfig:
     directory: Path
     max_bytes: int = 8 << 30
     verify: bool = True
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity), for pools of threads that work
-    outside the GIL."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1

@@ -1,11 +1,20 @@
 """What a load returns: the tensors and the report of how they came (shared by the loader,
-``snapshotter.module_fill`` and ``snapshotter.profile``, which import only this)."""
+``snapshotter.module_fill`` and ``snapshotter.profile``, which import only this); and
+the pieces a RAM-tier hit is checked and copied by (shared by ``loader_ram`` and
+``loader_cuda``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+# Per host buffer, the [begin, end) byte ranges it is checked and copied by.
+Pieces = Sequence[Sequence[tuple[int, int]]]
+# (buffer index, begin, end): prepare and check those host bytes before they are used
+# (populate them, compare their checksum); raises to stop the load.
+PieceCheck = Callable[[int, int, int], None]
 
 
 @dataclass(frozen=True)

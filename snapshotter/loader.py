@@ -49,9 +49,9 @@ from snapshotter.errors import IntegrityError, StoreError
 from snapshotter.host_arena import HostArena, arena_bytes
 from snapshotter.leases import LeaseKeeper
 from snapshotter.load_plan import LoadPlan, plan_load, tensor_view
-from snapshotter.load_types import LoadedTensors, LoadReport, StageReport
+from snapshotter.load_types import LoadedTensors, LoadReport, PieceCheck, Pieces, StageReport
 from snapshotter.loader_cpu import CpuPlacer
-from snapshotter.loader_ram import PieceCheck, ToDevice, keep, place_held
+from snapshotter.loader_ram import ToDevice, keep, place_held
 from snapshotter.manifest import Manifest
 from snapshotter.pipeline import StageTotals, run_pipeline
 from snapshotter.ram_tier import RamTier
@@ -286,7 +286,7 @@ class Snapshotter:
 
         def to_device(
             host: Sequence[torch.Tensor],
-            pieces: Sequence[Sequence[tuple[int, int]]],
+            pieces: Pieces,
             check: PieceCheck | None,
         ) -> tuple[list[torch.Tensor], float]:
             from snapshotter.loader_cuda import copy_to_device

@@ -33,13 +33,14 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 
 import torch
 
-from snapshotter.config import LoaderConfig, usable_cpus
+from snapshotter.config import LoaderConfig
+from snapshotter.fanout import run_each
 from snapshotter.load_plan import ChunkWork
+from snapshotter.load_types import PieceCheck, Pieces
 from snapshotter.pipeline import Target
 
 _MIN_SLOTS = 2
@@ -150,16 +151,11 @@ class CudaPlacer:
         return time.perf_counter() - start
 
 
-# (buffer index, begin, end): prepare and check those host bytes before they are
-# copied (populate them, compare their checksum); raises to stop the copy.
-PieceCheck = Callable[[int, int, int], None]
-
-
 def copy_to_device(
     host: Sequence[torch.Tensor],
     dev: torch.device,
     pool: StagingPool,
-    pieces: Sequence[Sequence[tuple[int, int]]] | None = None,
+    pieces: Pieces | None = None,
     check: PieceCheck | None = None,
 ) -> tuple[list[torch.Tensor], float]:
     """Copy host buffers (a RAM-tier hit) to new device buffers; returns (device buffers,
@@ -173,8 +169,7 @@ def copy_to_device(
     checked, then copied through the pool's pinned slots.
     """
     start = time.perf_counter()
-    if pieces is None:
-        pieces = [[(0, src.numel())] if src.numel() else [] for src in host]
+    pieces = _whole(host) if pieces is None else pieces
     out = copy_registered(host, dev, pieces, check)
     if out is None:
         if check is not None:
@@ -186,7 +181,7 @@ def copy_to_device(
 def copy_registered(
     host: Sequence[torch.Tensor],
     dev: torch.device,
-    pieces: Sequence[Sequence[tuple[int, int]]] | None = None,
+    pieces: Pieces | None = None,
     check: PieceCheck | None = None,
 ) -> list[torch.Tensor] | None:
     """``copy_to_device`` with every piece registered (read-only) as pinned memory and
@@ -195,8 +190,7 @@ def copy_registered(
 
     The buffers must stay mapped until this returns.
     """
-    if pieces is None:
-        pieces = [[(0, src.numel())] if src.numel() else [] for src in host]
+    pieces = _whole(host) if pieces is None else pieces
     first = next(((i, b, e) for i, ranges in enumerate(pieces) for b, e in ranges), None)
     if first is not None and not _registrable(host[first[0]][first[1] : first[2]]):
         return None
@@ -225,17 +219,15 @@ def copy_registered(
     return out
 
 
-def _each_piece(pieces: Sequence[Sequence[tuple[int, int]]], run: PieceCheck) -> None:
-    """``run(i, begin, end)`` for every piece, at once on up to the usable CPUs; raises
-    the first failure in order (the others finish first)."""
+def _each_piece(pieces: Pieces, run: PieceCheck) -> None:
+    """``run(i, begin, end)`` for every piece, at once (``snapshotter.fanout``)."""
     tasks = [(i, b, e) for i, ranges in enumerate(pieces) for b, e in ranges]
-    workers = min(len(tasks), usable_cpus())
-    if workers <= 1:
-        for task in tasks:
-            run(*task)
-        return
-    with ThreadPoolExecutor(workers, thread_name_prefix="thaw-h2d") as threads:
-        list(threads.map(lambda task: run(*task), tasks))
+    run_each(tasks, lambda task: run(*task), "thaw-h2d")
+
+
+def _whole(host: Sequence[torch.Tensor]) -> Pieces:
+    """Each buffer as one piece."""
+    return [[(0, src.numel())] if src.numel() else [] for src in host]
 
 
 def _registrable(src: torch.Tensor) -> bool:

@@ -30,17 +30,16 @@ from dataclasses import dataclass
 import torch
 
 from snapshotter.load_plan import LoadPlan
+from snapshotter.load_types import PieceCheck, Pieces
 from snapshotter.pipeline import StageTotals
 from snapshotter.ram_tier import RamTier
-from snapshotter.ram_tier_entry import BadEntry, TierFile, bytes_view, check_piece, populate_range
+from snapshotter.ram_tier_entry import BadEntry, TierFile, bytes_view, check_piece, populate_pages
 
 # (host buffers, their pieces, a check run on each piece before its copy) -> (the same
 # bytes on the target device, seconds); the CUDA placer's
 # ``snapshotter.loader_cuda.copy_to_device`` with its pool, given by the loader.
-PieceCheck = Callable[[int, int, int], None]  # (buffer index, begin, end); raises BadEntry
 ToDevice = Callable[
-    [Sequence[torch.Tensor], Sequence[Sequence[tuple[int, int]]], PieceCheck | None],
-    tuple[list[torch.Tensor], float],
+    [Sequence[torch.Tensor], Pieces, PieceCheck | None], tuple[list[torch.Tensor], float]
 ]
 
 log = logging.getLogger(__name__)
@@ -104,7 +103,7 @@ def _piece_check(files: Sequence[TierFile], buffers: Sequence[torch.Tensor]) -> 
     views = [bytes_view(b) for b in buffers]
 
     def check(i: int, begin: int, end: int) -> None:
-        populate_range(buffers[i][begin:end])
+        populate_pages(buffers[i][begin:end], files[i].path)
         check_piece(files[i], views[i], begin, end)
 
     return check

@@ -27,15 +27,14 @@ import time
 import uuid
 import warnings
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
-from snapshotter.config import usable_cpus
 from snapshotter.digest import checksum_bytes, digest_bytes
+from snapshotter.fanout import run_each
 
 FORMAT = 3
 _ONE_PIECE_FORMAT = 2  # one checksum per file
@@ -145,7 +144,7 @@ def map_file(
     path: Path, nbytes: int, *, read_only: bool = False, populate: bool = True
 ) -> torch.Tensor:
     """A CPU uint8 tensor over a data file's tmpfs pages (no copy), populated in one call
-    (``populate``; a read-only mapping may be left to ``populate_range`` by pieces).
+    (``populate``; a read-only mapping may be left to ``populate`` by pieces).
 
     ``read_only=False`` (tensors handed to the function): ``MAP_PRIVATE``,
     readable and writable; a write copies the page it touches (copy-on-write).
@@ -163,34 +162,24 @@ def map_file(
             mapped = mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE, prot=prot)
     finally:
         os.close(fd)  # the mapping keeps its own reference to the file
-    if populate:
-        populate_mapping(mapped, path)
     with warnings.catch_warnings():
         # A read-only buffer: torch warns that it has no read-only tensors; see above.
         warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)
-        return torch.frombuffer(mapped, dtype=torch.uint8)
+        buf = torch.frombuffer(mapped, dtype=torch.uint8)
+    if populate:
+        populate_pages(buf, path.name)
+    return buf
 
 
-def populate_mapping(mapped: mmap.mmap, path: Path) -> bool:
-    """Map every page of ``mapped`` now, for reading (no copy: the page tables point at
-    the tmpfs pages); False where the kernel cannot (before 5.14: pages then fault in
-    on first use). Raises ``BadEntry`` when a page cannot be read (the file shrank).
+def populate_pages(buf: torch.Tensor, name: str) -> None:
+    """Map every page of ``buf`` (a mapping of data file ``name``, or a page-aligned
+    part of one) now, for reading, in one call (no copy: the page tables point at the
+    tmpfs pages); where the kernel cannot (before 5.14) the pages fault in on first
+    use. Raises ``BadEntry`` when a page cannot be read (the file shrank).
 
     Not ``MAP_POPULATE``: on a private writable mapping it populates for writing,
     copying every page.
     """
-    try:
-        mapped.madvise(MADV_POPULATE_READ)
-    except OSError as exc:
-        if exc.errno in (errno.EINVAL, errno.ENOSYS):
-            return False
-        raise BadEntry(f"{path.name} cannot be read: {exc}") from None
-    return True
-
-
-def populate_range(buf: torch.Tensor) -> None:
-    """``populate_mapping`` for part of a mapping (``buf``, page-aligned; else left to
-    fault in). Raises ``BadEntry`` when a page cannot be read (the file shrank)."""
     if buf.numel() == 0:
         return
     libc = _libc()
@@ -199,7 +188,7 @@ def populate_range(buf: torch.Tensor) -> None:
     ):
         err = ctypes.get_errno()
         if err not in (errno.EINVAL, errno.ENOSYS):
-            raise BadEntry(f"a data file cannot be read: {os.strerror(err)}")
+            raise BadEntry(f"{name} cannot be read: {os.strerror(err)}")
 
 
 @functools.cache
@@ -223,18 +212,7 @@ def check_files(meta: Sequence[TierFile], buffers: Sequence[torch.Tensor]) -> li
         raise ValueError(f"{len(meta)} files but {len(buffers)} buffers")
     tasks = [(i, begin, end) for i, f in enumerate(meta) for begin, end in _check_units(f)]
     views = [bytes_view(b) for b in buffers]
-
-    def run(task: tuple[int, int, int]) -> None:
-        i, begin, end = task
-        check_piece(meta[i], views[i], begin, end)
-
-    workers = min(len(tasks), usable_cpus())
-    if workers <= 1:
-        for task in tasks:
-            run(task)
-    else:
-        with ThreadPoolExecutor(workers, thread_name_prefix="thaw-tier-check") as pool:
-            list(pool.map(run, tasks))  # raises the first in order
+    run_each(tasks, lambda t: check_piece(meta[t[0]], views[t[0]], t[1], t[2]), "thaw-tier-check")
     return [f if f.checksums is not None else _recorded(f, views[i]) for i, f in enumerate(meta)]
 
 

@@ -27,7 +27,7 @@ from control_plane.errors import DeadlineExceededError, NotFoundError
 from control_plane.services import calls, functions, replicas
 from control_plane.services.calls import CallView
 from control_plane.services.context import Services
-from control_plane.services.live_outputs import LiveCall
+from control_plane.services.live_outputs import LiveCall, LiveItem
 from control_plane.services.states import DEADLINE_CALL_STATES
 
 # A stream reading a direct run's hand-off waits this long past the call's deadline
@@ -126,11 +126,11 @@ class Activator:
         last_seq = 0
         live = self.s.live.attach(call_id)
         if live is not None:
-            state = _LiveState()
             try:
-                async for batch in self._astream_live(
-                    call_id, live, keepalive_s, deadline_at, state
-                ):
+                if deadline_at is None:
+                    deadline_at = (await anyio.to_thread.run_sync(self._read, call_id)).deadline_at
+                state = _LiveState(deadline_at, keepalive_s, self.s.clock())
+                async for batch in self._astream_live(call_id, live, state):
                     yield batch
             finally:
                 live.reader_gone = True
@@ -142,47 +142,21 @@ class Activator:
             yield [item]
 
     async def _astream_live(
-        self,
-        call_id: str,
-        live: LiveCall,
-        keepalive_s: float | None,
-        deadline_at: float | None,
-        state: _LiveState,
+        self, call_id: str, live: LiveCall, state: _LiveState
     ) -> AsyncIterator[list[StreamItem]]:
-        """``_stream_live`` in the event loop; where it stopped goes in ``state``."""
-        if deadline_at is None:
-            deadline_at = (await anyio.to_thread.run_sync(self._read, call_id)).deadline_at
-        last_item = self.s.clock()
-        while self.s.clock() < deadline_at + LIVE_DEADLINE_GRACE_S:
-            wait_s = deadline_at + LIVE_DEADLINE_GRACE_S - self.s.clock()
-            if keepalive_s is not None:
-                wait_s = min(wait_s, last_item + keepalive_s - self.s.clock())
-            items = await live.get_ready(wait_s)
-            if not items:
-                if keepalive_s is not None and self.s.clock() - last_item >= keepalive_s:
-                    last_item = self.s.clock()
-                    yield [StreamItem("waiting", "running")]
-                continue
-            last_item = self.s.clock()
-            batch = []
-            for item in items:
-                if item.kind == "output":
-                    if item.seq > state.last_seq:
-                        state.last_seq = item.seq
-                        batch.append(StreamItem("output", item.data))
-                    continue
-                if item.kind == "final":
-                    view = item.data
-                    if not isinstance(view, CallView):
-                        view = await anyio.to_thread.run_sync(self._read, call_id)
-                    if view.final:
-                        state.ended = True
-                        batch.append(end_item(view))
-                if batch:
-                    yield batch
-                return
+        """``_stream_live`` in the event loop, in batches; where it stopped is ``state``."""
+        while state.open(self.s.clock()):
+            items = await live.get_ready(state.wait_s(self.s.clock()))
+            batch, end = state.take(items, self.s.clock())
+            if end is not None and end.kind == "final":
+                view = end.data
+                if not isinstance(view, CallView):
+                    view = await anyio.to_thread.run_sync(self._read, call_id)
+                batch += state.finish(view)
             if batch:
                 yield batch
+            if end is not None:
+                return
 
     def _stream_recorded(
         self, call_id: str, last_seq: int, keepalive_s: float | None
@@ -224,31 +198,17 @@ class Activator:
         out then) or at a fallback, the database takes over."""
         if deadline_at is None:
             deadline_at = self._read(call_id).deadline_at
-        last_seq = 0
-        last_item = self.s.clock()
-        while self.s.clock() < deadline_at + LIVE_DEADLINE_GRACE_S:
-            wait_s = deadline_at + LIVE_DEADLINE_GRACE_S - self.s.clock()
-            if keepalive_s is not None:
-                wait_s = min(wait_s, last_item + keepalive_s - self.s.clock())
-            item = live.get(wait_s)
-            if item is None:
-                if keepalive_s is not None and self.s.clock() - last_item >= keepalive_s:
-                    last_item = self.s.clock()
-                    yield StreamItem("waiting", "running")
-                continue
-            last_item = self.s.clock()
-            if item.kind == "output":
-                if item.seq > last_seq:
-                    last_seq = item.seq
-                    yield StreamItem("output", item.data)
-                continue
-            if item.kind == "final":
-                view = item.data if isinstance(item.data, CallView) else self._read(call_id)
-                if view.final:
-                    yield end_item(view)
-                    return last_seq, True
-            return last_seq, False
-        return last_seq, False
+        state = _LiveState(deadline_at, keepalive_s, self.s.clock())
+        while state.open(self.s.clock()):
+            item = live.get(state.wait_s(self.s.clock()))
+            outputs, end = state.take([] if item is None else [item], self.s.clock())
+            yield from outputs
+            if end is not None:
+                if end.kind == "final":
+                    view = end.data if isinstance(end.data, CallView) else self._read(call_id)
+                    yield from state.finish(view)
+                break
+        return state.last_seq, state.ended
 
     def _expire(self, view: CallView) -> CallView:
         """End ``view`` as expired (still queued) or timeout and raise; if a result won
@@ -301,10 +261,48 @@ def wait_dispatched(activator: Activator, call_id: str) -> CallView:
 
 @dataclass
 class _LiveState:
-    """Where an ``astream``'s hand-off stopped."""
+    """A reader of a run's hand-off: where it is, and when it stops waiting (the
+    deadline and its grace) or sends a keepalive."""
 
+    deadline_at: float
+    keepalive_s: float | None
+    last_item: float  # when the reader last gave something
     last_seq: int = 0
     ended: bool = False  # the call's end was given
+
+    def open(self, now: float) -> bool:
+        return now < self.deadline_at + LIVE_DEADLINE_GRACE_S
+
+    def wait_s(self, now: float) -> float:
+        wait_s = self.deadline_at + LIVE_DEADLINE_GRACE_S - now
+        if self.keepalive_s is not None:
+            wait_s = min(wait_s, self.last_item + self.keepalive_s - now)
+        return wait_s
+
+    def take(self, items: list[LiveItem], now: float) -> tuple[list[StreamItem], LiveItem | None]:
+        """The outputs among ``items`` not given yet (none came: a keepalive when one is
+        due), and the item that ended the hand-off (final or fallback), if one did."""
+        if not items:
+            if self.keepalive_s is not None and now - self.last_item >= self.keepalive_s:
+                self.last_item = now
+                return [StreamItem("waiting", "running")], None
+            return [], None
+        self.last_item = now
+        outputs: list[StreamItem] = []
+        for item in items:
+            if item.kind != "output":
+                return outputs, item
+            if item.seq > self.last_seq:
+                self.last_seq = item.seq
+                outputs.append(StreamItem("output", item.data))
+        return outputs, None
+
+    def finish(self, view: CallView) -> list[StreamItem]:
+        """The call's end, if the final item's call has ended."""
+        if not view.final:
+            return []
+        self.ended = True
+        return [end_item(view)]
 
 
 _DONE = object()

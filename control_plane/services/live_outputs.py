@@ -89,8 +89,9 @@ class LiveCall:
         with self._cond:
             if self._items or timeout_s <= 0:
                 return self._take_all()
-            future = asyncio.get_running_loop().create_future()
-            self._waiter = (asyncio.get_running_loop(), future)
+            loop = asyncio.get_running_loop()
+            future = loop.create_future()
+            self._waiter = (loop, future)
         try:
             with anyio.move_on_after(timeout_s):
                 await future

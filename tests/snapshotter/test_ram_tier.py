@@ -214,6 +214,18 @@ def test_inventory_contains_bytes_and_measured_bandwidth(
 # --- integrity ------------------------------------------------------------------
 
 
+def _held(
+    tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig
+) -> tuple[Snapshotter, RamTier, str]:
+    """The llama pushed to a local store and loaded once: its weights in the tier."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    digest = push(registry, llama_dir, "llama:v1")
+    tier = RamTier(tier_config)
+    snap = Snapshotter(registry, _cache(tmp_path / "cache"), ram_tier=tier)
+    snap.load(digest)
+    return snap, tier, digest
+
+
 def _flip_byte(path: Path) -> None:
     os.chmod(path, 0o644)
     with open(path, "r+b") as f:
@@ -282,11 +294,7 @@ def _as_older_entry(entry: Path) -> None:
 def test_an_older_entry_is_checked_with_its_digests_once_then_recorded(
     tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig
 ) -> None:
-    registry = Registry(LocalStore(tmp_path / "store"))
-    digest = push(registry, llama_dir, "llama:v1")
-    tier = RamTier(tier_config)
-    snap = Snapshotter(registry, _cache(tmp_path / "cache"), ram_tier=tier)
-    snap.load(digest)
+    snap, tier, digest = _held(tmp_path, llama_dir, tier_config)
     _as_older_entry(tier.entry_dir(digest))
 
     held = snap.load(digest)
@@ -303,11 +311,7 @@ def test_an_older_entry_is_checked_with_its_digests_once_then_recorded(
 def test_a_corrupt_older_entry_is_caught_by_its_digests(
     tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig
 ) -> None:
-    registry = Registry(LocalStore(tmp_path / "store"))
-    digest = push(registry, llama_dir, "llama:v1")
-    tier = RamTier(tier_config)
-    snap = Snapshotter(registry, _cache(tmp_path / "cache"), ram_tier=tier)
-    snap.load(digest)
+    snap, tier, digest = _held(tmp_path, llama_dir, tier_config)
     _as_older_entry(tier.entry_dir(digest))
     _flip_byte(max(tier.entry_dir(digest).glob("*.data"), key=lambda f: f.stat().st_size))
 
@@ -352,11 +356,7 @@ def test_a_full_tmpfs_skips_the_insert_and_the_load_succeeds(
 def test_a_tier_directory_emptied_under_a_running_worker_is_started_again(
     tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig
 ) -> None:
-    registry = Registry(LocalStore(tmp_path / "store"))
-    digest = push(registry, llama_dir, "llama:v1")
-    tier = RamTier(tier_config)
-    snap = Snapshotter(registry, _cache(tmp_path / "cache"), ram_tier=tier)
-    snap.load(digest)
+    snap, tier, digest = _held(tmp_path, llama_dir, tier_config)
     shutil.rmtree(tier_config.directory)  # e.g. an operator cleaned /dev/shm
 
     assert tier.inventory().total_bytes == 0
@@ -463,11 +463,7 @@ def test_an_entry_with_one_checksum_per_file_is_still_checked(
     tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig
 ) -> None:
     """Format 2 (an older thaw): one xxh3 per file, a one-piece file."""
-    registry = Registry(LocalStore(tmp_path / "store"))
-    digest = push(registry, llama_dir, "llama:v1")
-    tier = RamTier(tier_config)
-    snap = Snapshotter(registry, _cache(tmp_path / "cache"), ram_tier=tier)
-    snap.load(digest)
+    snap, tier, digest = _held(tmp_path, llama_dir, tier_config)
     entry = tier.entry_dir(digest)
     doc = json.loads((entry / "meta.json").read_bytes())
     for i, f in enumerate(doc["files"]):
