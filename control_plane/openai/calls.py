@@ -53,43 +53,51 @@ class Target:
     created: int
 
 
-def _llm_functions(session: Session, who: Principal) -> list[Target]:
+def _llm_functions(
+    session: Session, who: Principal, versions: functions.VersionCache
+) -> list[Target]:
     """Every LLM function this key may invoke, as deployed now."""
     fns = session.scalars(select(Function).order_by(Function.name))
-    return [t for t in (_llm_target(session, who, fn) for fn in fns) if t is not None]
+    return [t for t in (_llm_target(session, who, fn, versions) for fn in fns) if t is not None]
 
 
-def _llm_target(session: Session, who: Principal, fn: Function | None) -> Target | None:
-    """``fn`` as an LLM function this key may invoke, or None."""
+def _llm_target(
+    session: Session, who: Principal, fn: Function | None, versions: functions.VersionCache
+) -> Target | None:
+    """``fn`` as an LLM function this key may invoke, or None. Its spec comes from
+    ``versions`` (a deployed version never changes): no parse per request."""
     if fn is None or fn.active_version is None:
         return None
     try:
         who.require("invoke", fn.name)
     except ForbiddenError:
         return None
-    spec = functions.active_of(session, fn).spec
+    key = functions.FunctionKey(fn.id, fn.created_at, fn.name)
+    spec = versions.version_of(session, key, fn.active_version).spec
     return Target(fn.name, None, spec, int(fn.created_at)) if spec.llm is not None else None
 
 
-def model_list(session: Session, who: Principal) -> ModelList:
+def model_list(session: Session, who: Principal, versions: functions.VersionCache) -> ModelList:
     """One card per LLM function and one per ``function:adapter``."""
     cards = []
-    for target in _llm_functions(session, who):
+    for target in _llm_functions(session, who, versions):
         cards.append(ModelCard(id=target.function, created=target.created))
         for adapter in target.spec.adapters:
             cards.append(ModelCard(id=f"{target.function}:{adapter.name}", created=target.created))
     return ModelList(data=cards)
 
 
-def resolve(session: Session, who: Principal, model: str) -> Target:
+def resolve(
+    session: Session, who: Principal, model: str, versions: functions.VersionCache
+) -> Target:
     """The function (and adapter) ``model`` names, or OpenAI's 404."""
     who.require("invoke")  # a key that may call nothing learns nothing of names
     name, _, adapter = model.partition(":")
     fn = session.scalars(select(Function).where(Function.name == name)).first()
-    target = _llm_target(session, who, fn)
+    target = _llm_target(session, who, fn, versions)
     adapters = [a.name for a in target.spec.adapters] if target is not None else []
     if target is None or (adapter and adapter not in adapters):
-        known = [card.id for card in model_list(session, who).data]
+        known = [card.id for card in model_list(session, who, versions).data]
         raise model_not_found(model, known)
     return Target(target.function, adapter or None, target.spec, target.created)
 

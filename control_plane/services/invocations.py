@@ -51,7 +51,7 @@ class Invocations:
         self.activator = Activator(services)
         self.direct = reconciler.direct
         self._breakers = worker_health.BreakerCache()
-        self._versions = functions.VersionCache()
+        self.versions = functions.VersionCache()  # one per database: read by routes too
         s = services.settings
         self._breaker_settings = (s.worker_failure_threshold, s.worker_probe_interval_s)
 
@@ -79,7 +79,7 @@ class Invocations:
         fast = direct and self.s.direct is not None
         claim: Claim | None = None
         with self.direct.lock if fast else contextlib.nullcontext(), self.s.db.session() as session:
-            fn = canary.for_call(session, function, self._versions)  # active or canary
+            fn = canary.for_call(session, function, self.versions)  # active or canary
             now = self.s.clock()
             with calls.accepting(session, now, who, fn, req, self.s.registry) as (row, created):
                 if fast and created:  # routed before it is written

@@ -65,7 +65,7 @@ async def list_models(request: Request) -> Response:
 
 def _models(inv: Invocations, who: Principal) -> dict[str, Any]:
     with inv.s.db.session() as session:
-        return calls.model_list(session, who).model_dump(mode="json")
+        return calls.model_list(session, who, inv.versions).model_dump(mode="json")
 
 
 @router.post("/chat/completions")
@@ -147,7 +147,7 @@ async def _body(request: Request) -> Any:
 
 def _resolve(inv: Invocations, who: Principal, model: str) -> calls.Target:
     with inv.s.db.session() as session:
-        return calls.resolve(session, who, model)
+        return calls.resolve(session, who, model, inv.versions)
 
 
 async def _charge(request: Request, who: Principal, function: str) -> None:
