@@ -19,7 +19,6 @@ Thin on purpose: the wire format is ``control_plane.openai``.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -43,7 +42,7 @@ from control_plane.services.activator import StreamItem
 from control_plane.services.calls import CallRequest, CallView
 from control_plane.services.invocations import Invocations
 from control_plane.services.keys import Principal
-from control_plane.services.ratelimit import retry_after_header
+from control_plane.services.ratelimit import RateLimiter, retry_after_header
 
 router = APIRouter(prefix="/openai/v1", tags=["openai"])
 
@@ -87,19 +86,10 @@ async def _generate(
         who = await principal_of(request)
         body = await _body(request)
         parsed = parse_request(kind, body)
-        target = await run_in_threadpool(_resolve, inv, who, parsed.model)
-        await _charge(request, who, target.function)
-        call = CallRequest(calls.call_input(parsed, target), target.adapter, parsed.stream)
+        limiter = request.app.state.rate_limiter
         if not parsed.stream:
-            return await run_in_threadpool(
-                _complete, inv, who, target.function, call, parsed, since
-            )
-        view, _ = await run_in_threadpool(
-            functools.partial(inv.invoke, direct=True, background=True),
-            who,
-            target.function,
-            call,
-        )
+            return await run_in_threadpool(_complete, inv, limiter, who, parsed, since)
+        view = await run_in_threadpool(_accept, inv, limiter, who, parsed)
         batches = inv.activator.astream(view.id, KEEPALIVE_S, view.deadline_at)
         first = await _first_batch(batches)
         if view.status == "queued":  # cold or warm, if known by now
@@ -145,28 +135,35 @@ async def _body(request: Request) -> Any:
         raise invalid(f"the request body is not JSON: {exc}") from None
 
 
-def _resolve(inv: Invocations, who: Principal, model: str) -> calls.Target:
+def _accept(
+    inv: Invocations,
+    limiter: RateLimiter,
+    who: Principal,
+    parsed: ChatCompletionRequest | CompletionRequest,
+    *,
+    background: bool = True,
+) -> CallView:
+    """The model resolved, the rate limits charged (as ``POST .../invoke`` charges them)
+    and the call accepted, in one trip off the event loop (blocking). ``background``:
+    a warm call starts on a thread of its own and this returns at once."""
     with inv.s.db.session() as session:
-        return calls.resolve(session, who, model, inv.versions)
-
-
-async def _charge(request: Request, who: Principal, function: str) -> None:
-    """The key's and the function's rate limits, as ``POST .../invoke`` charges them."""
-    limiter = request.app.state.rate_limiter
-    if not charge_if_known(limiter, who, function):
-        await run_in_threadpool(limiter.check, who.key_id, who.rate, function)
+        target = calls.resolve(session, who, parsed.model, inv.versions)
+    if not charge_if_known(limiter, who, target.function):
+        limiter.check(who.key_id, who.rate, target.function)
+    call = CallRequest(calls.call_input(parsed, target), target.adapter, parsed.stream)
+    view, _ = inv.invoke(who, target.function, call, direct=True, background=background)
+    return view
 
 
 def _complete(
     inv: Invocations,
+    limiter: RateLimiter,
     who: Principal,
-    function: str,
-    call: CallRequest,
     parsed: ChatCompletionRequest | CompletionRequest,
     since: float,
 ) -> Response:
     """A call that is not streamed, start to end (blocking)."""
-    view, _ = inv.invoke(who, function, call, direct=True)
+    view = _accept(inv, limiter, who, parsed, background=False)
     try:
         final = inv.activator.wait_final(view.id, view)
     except DeadlineExceededError as exc:
