@@ -248,12 +248,16 @@ class DiskCache:
             return 0
         try:
             pages.map_file_over(address + first, last - first, f.fileno(), payload_at + first)
-            pages.populate_read(address + first, last - first)
         except OSError as exc:
             # A filesystem that refuses mmap: read, now and from now on.
             log.warning("disk cache %s cannot be mapped (%s): reading it", self.root, exc)
             self._map_refused = True
             return 0
+        try:
+            pages.populate_read(address + first, last - first)
+        except OSError as exc:  # an I/O error, or the file shrank: no page of it stays
+            pages.anonymous_over(address + first, last - first)
+            raise IntegrityError(f"cached chunk {digest} cannot be read: {exc.strerror}") from None
         _read_exact(f, payload_at, dest[:first], digest)
         _read_exact(f, payload_at + last, dest[last:], digest)
         return last - first

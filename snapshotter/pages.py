@@ -71,9 +71,16 @@ def map_file_over(address: int, nbytes: int, fd: int, file_offset: int) -> None:
     err = ctypes.get_errno()
     # A failed MAP_FIXED may already have unmapped the range: put anonymous pages back
     # so the buffer has no hole (a write to a hole is SIGSEGV).
-    if _mmap(address, nbytes, flags | mmap.MAP_ANONYMOUS, -1, 0) != address:
-        raise MemoryError(f"cannot restore {nbytes} bytes of a load buffer at {address:#x}")
+    anonymous_over(address, nbytes)
     raise OSError(err, f"cannot map a file over a buffer: {os.strerror(err)}")
+
+
+def anonymous_over(address: int, nbytes: int) -> None:
+    """Replace ``[address, address + nbytes)`` (page-aligned, owned by the caller) with
+    fresh zeroed private anonymous pages, dropping whatever was mapped there."""
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_FIXED
+    if _mmap(address, nbytes, flags, -1, 0) != address:
+        raise MemoryError(f"cannot restore {nbytes} bytes of a load buffer at {address:#x}")
 
 
 def anonymous_buffer(nbytes: int) -> torch.Tensor:
