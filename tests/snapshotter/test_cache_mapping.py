@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from snapshotter import cache_entry, codec, pages
@@ -112,7 +114,16 @@ def test_the_model_has_what_the_mapped_path_must_handle(
         in_page |= {(c.offset - start) % pages.PAGE_BYTES for c in f.chunks if c.offset >= start}
     assert len(in_page) > 3  # chunks start at many offsets within a page
     a, b = ({c.digest for c in f.chunks} for f in manifest.safetensors_files())
-    assert a & b  # the shared tensor's chunks
+    shared = a & b  # the shared tensor's chunks ...
+    assert shared
+    where = {  # ... at two offsets within a page: mapped in one file, copied in the other
+        (c.offset - f.safetensors.data_offset) % pages.PAGE_BYTES
+        for f in manifest.safetensors_files()
+        if f.safetensors is not None
+        for c in f.chunks
+        if c.digest in shared
+    }
+    assert len(where) > 1
 
 
 def test_a_mapped_warm_load_is_byte_identical_to_the_copy_path(
@@ -220,6 +231,24 @@ def test_a_file_that_cannot_be_mapped_leaves_the_buffer_whole(tmp_path: Path) ->
     assert buf[:page].eq(9).all() and buf[2 * page :].eq(9).all()
     assert buf[page : 2 * page].eq(0).all()  # zeroed, mapped, writable
     buf[page : 2 * page].fill_(1)
+
+
+@given(
+    page_offset=st.integers(0, 4095),
+    size=st.integers(1, 5 * 4096),
+    kind=st.sampled_from(list(codec.Codec)),
+)
+def test_a_payload_is_placed_to_map_exactly_when_a_whole_page_can_be(
+    page_offset: int, size: int, kind: codec.Codec
+) -> None:
+    page = 4096
+    at = cache_entry.payload_offset(kind, size, page_offset, page)
+    first_whole = -page_offset % page  # the chunk's first byte that starts a buffer page
+    if kind is codec.Codec.RAW and first_whole + page <= size:
+        assert at % page == page_offset
+        assert cache_entry.HEADER_SIZE <= at < cache_entry.HEADER_SIZE + page
+    else:
+        assert at == cache_entry.HEADER_SIZE
 
 
 @pytest.mark.parametrize("page_offset", [0, 1, 31, 32, 33, 4000, 4095])
