@@ -18,6 +18,7 @@
 | loader_max_inflight_bytes  | THAW_LOADER_MAX_INFLIGHT_BYTES | 256 MiB            |
 | loader_fetch_threads       | THAW_LOADER_FETCH_THREADS    | 16                   |
 | loader_decode_threads      | THAW_LOADER_DECODE_THREADS   | 4                    |
+| loader_map_cache           | THAW_LOADER_MAP_CACHE        | true (a CPU load maps the disk cache's pages, no copy) |
 | lease_ttl_s                | THAW_LEASE_TTL_S             | 120 (a load's gc lease; 0: none) |
 | gc_grace_s                 | THAW_GC_GRACE_S              | 3600 (`thaw gc` keeps younger objects) |
 | database_url               | THAW_DATABASE_URL            | sqlite:///<home>/thaw.db |
@@ -109,6 +110,7 @@ class Settings(BaseSettings):
     loader_max_inflight_bytes: int = 256 << 20
     loader_fetch_threads: int = 16
     loader_decode_threads: int = 4
+    loader_map_cache: bool = True
     lease_ttl_s: float = Field(default=120.0, ge=0)
     gc_grace_s: float = Field(default=3600.0, ge=0)
     # --- control plane (see control_plane/) ---
@@ -215,5 +217,6 @@ class Settings(BaseSettings):
             max_inflight_bytes=self.loader_max_inflight_bytes,
             fetch_threads=self.loader_fetch_threads,
             decode_threads=self.loader_decode_threads,
+            map_cache=self.loader_map_cache,
             lease_ttl_s=self.lease_ttl_s,
         )

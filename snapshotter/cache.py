@@ -26,6 +26,20 @@ Contracts:
 - The loader writes entries raw (``put_raw``) whatever the store's codec,
   trading disk for a hit that is a plain ``readinto``; ``read_into`` also
   decodes zstd entries (``put``).
+- Mapped hits: ``put_raw`` is told where the chunk's first byte falls within a
+  page of a load's (page-aligned) buffer and pads the header so the payload
+  sits at that same offset within a page of the entry file. A CPU load then
+  asks ``read_into`` to map the entry's whole pages into its buffer
+  (``MAP_PRIVATE | MAP_FIXED``, populated for reading: the page cache's own
+  pages, copy-on-write, no copy) and reads only the partial pages at the
+  chunk's ends. A chunk placed at two offsets within a page (shared between
+  files) maps at the one its entry was written for and is copied elsewhere;
+  zstd and older entries are read. The cache never writes an entry in place
+  (eviction, ``drop`` and ``record`` unlink or rename), so a mapping keeps the
+  inode it was checked against; truncating an entry file in place under a
+  live load would make its tensors fault (``SIGBUS``), as with any mmap'd weights.
+  Where the kernel refuses to map an entry (a filesystem without mmap), the
+  cache logs it once and reads from then on.
 - Entries are not fsynced: a crash can leave a truncated or stale entry, which
   the check on read catches and replaces from the store.
 - Thread-safe within a process. Several processes may read the same
@@ -36,6 +50,7 @@ from __future__ import annotations
 
 import errno
 import io
+import logging
 import os
 import tempfile
 import threading
@@ -44,13 +59,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from snapshotter import cache_entry, codec
+from snapshotter import cache_entry, codec, pages
 from snapshotter.config import CacheConfig
 from snapshotter.digest import checksum_bytes, digest_bytes, hex_part
 from snapshotter.errors import CacheFullError, IntegrityError, StoreError
 from snapshotter.manifest import ChunkRef, Manifest
 
 _TMP_PREFIX = ".tmp-"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,9 +79,11 @@ class CacheEntry:
 @dataclass(frozen=True)
 class CacheHit:
     """A chunk read from the cache: ``checksum`` is what its entry recorded at insert,
-    None for an older entry that records none (its bytes are then untrusted)."""
+    None for an older entry that records none (its bytes are then untrusted);
+    ``mapped_bytes`` of it were mapped, not copied (``read_into``'s ``map_pages``)."""
 
     checksum: int | None
+    mapped_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -123,6 +142,7 @@ class DiskCache:
         self._entries: dict[str, CacheEntry] = {}
         self._writing: set[str] = set()  # reserved in _entries, file not yet renamed in
         self._total_bytes = 0
+        self._map_refused = False  # set when a mapping failed: read from then on
         self.refresh()
 
     # --- index ---------------------------------------------------------------
@@ -172,14 +192,20 @@ class DiskCache:
             return sum(c.size for d, c in manifest.unique_chunks().items() if d in self._entries)
 
     # --- reads ---------------------------------------------------------------
-    def read_into(self, chunk: ChunkRef, dest: memoryview) -> CacheHit | None:
+    def read_into(
+        self, chunk: ChunkRef, dest: memoryview, *, map_pages: bool = False
+    ) -> CacheHit | None:
         """Decode a cached chunk into ``dest``; None on a miss.
 
         Raw entries are read straight into ``dest`` after the header (no
-        intermediate buffer). The bytes are NOT checked here: the caller
-        compares them with the hit's checksum. Raises ``IntegrityError`` when
-        the entry's header or length is wrong; ``dest`` is then undefined and
-        the caller should ``drop`` the entry.
+        intermediate buffer). With ``map_pages`` the caller promises that ``dest``
+        lies in a private anonymous mapping it owns (``snapshotter.pages``): the
+        whole pages of a raw entry whose payload sits at ``dest``'s offset within a
+        page are then mapped into ``dest`` (copy-on-write, populated) instead of read,
+        the partial pages at its ends read; any other entry is read as without it.
+        The bytes are NOT checked here: the caller compares them with the hit's
+        checksum. Raises ``IntegrityError`` when the entry's header or length is
+        wrong; ``dest`` is then undefined and the caller should ``drop`` the entry.
         """
         try:
             f = open(self.path(chunk.digest), "rb", buffering=0)  # noqa: SIM115
@@ -187,18 +213,54 @@ class DiskCache:
             self._forget(chunk.digest)
             return None
         with f:
-            # One sequential pass: ask for aggressive readahead.
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            kind, extended = cache_entry.read_frame(f.read(codec.HEADER_SIZE), chunk.size)
-            checksum = None
-            if extended:
-                checksum = cache_entry.read_extension(f.read(cache_entry.EXTENSION.size))
-            if kind is codec.Codec.RAW:
-                _readinto_exact(f, dest, chunk.digest)
+            header = cache_entry.read_header(f.read(cache_entry.HEADER_SIZE), chunk.size)
+            mapped_bytes = 0
+            if header.codec is codec.Codec.RAW:
+                _check_length(f, header.header_bytes + chunk.size, chunk.digest)
+                if map_pages and not self._map_refused:
+                    mapped_bytes = self._map_into(f, header.header_bytes, dest, chunk.digest)
+                if not mapped_bytes:
+                    # One sequential pass: ask for aggressive readahead.
+                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                    _read_exact(f, header.header_bytes, dest, chunk.digest)
             else:
-                codec.decode_payload_into(kind, memoryview(f.read()), dest)
+                f.seek(header.header_bytes)
+                codec.decode_payload_into(header.codec, memoryview(f.read()), dest)
         self._touch(chunk.digest)
-        return CacheHit(checksum)
+        return CacheHit(header.checksum, mapped_bytes)
+
+    def _map_into(self, f: io.FileIO, payload_at: int, dest: memoryview, digest: str) -> int:
+        """Map the entry's whole pages inside ``dest`` over it and read the rest; the
+        bytes mapped, 0 (nothing done) when the payload is at another offset within a
+        page than ``dest`` or covers no whole page there.
+
+        The mapping is private: the entry's file is never written through it. It
+        keeps the entry's inode: eviction and ``record`` unlink or rename over the
+        path, never write in place, so a load's tensors keep the bytes they were
+        checked with after the entry is gone (the pages are freed with the tensors).
+        """
+        address = pages.address_of(dest)
+        if (payload_at - address) % pages.PAGE_BYTES:
+            return 0
+        first = pages.round_up(address) - address
+        last = pages.round_down(address + len(dest)) - address
+        if last - first < pages.PAGE_BYTES:
+            return 0
+        try:
+            pages.map_file_over(address + first, last - first, f.fileno(), payload_at + first)
+        except OSError as exc:
+            # A filesystem that refuses mmap: read, now and from now on.
+            log.warning("disk cache %s cannot be mapped (%s): reading it", self.root, exc)
+            self._map_refused = True
+            return 0
+        try:
+            pages.populate_read(address + first, last - first)
+        except OSError as exc:  # an I/O error, or the file shrank: no page of it stays
+            pages.anonymous_over(address + first, last - first)
+            raise IntegrityError(f"cached chunk {digest} cannot be read: {exc.strerror}") from None
+        _read_exact(f, payload_at, dest[:first], digest)
+        _read_exact(f, payload_at + last, dest[last:], digest)
+        return last - first
 
     # --- manifests -----------------------------------------------------------
     def get_manifest(self, digest: str) -> bytes | None:
@@ -232,22 +294,31 @@ class DiskCache:
         header = cache_entry.pack_header(kind, raw_size, checksum_bytes(raw))
         self._put_parts(digest, [memoryview(header), payload])
 
-    def put_raw(self, digest: str, raw: memoryview, checksum: int | None = None) -> None:
+    def put_raw(
+        self,
+        digest: str,
+        raw: memoryview,
+        checksum: int | None = None,
+        page_offset: int | None = None,
+    ) -> None:
         """Store verified raw bytes as a raw entry (no copy of ``raw``); ``checksum``
-        is ``checksum_bytes(raw)`` when the caller has it, else computed here.
+        is ``checksum_bytes(raw)`` when the caller has it, else computed here;
+        ``page_offset``, the offset within a page of the chunk's first byte in a
+        load's page-aligned buffer, places the payload so that a later load can map
+        it (``read_into``'s ``map_pages``).
 
         The loader caches every chunk decoded: a hit is then one ``readinto``,
         because decompressing zstd (~1 GB/s per core) is slower than reading
         local disk. Errors as ``put``.
         """
-        self._put_parts(digest, _raw_parts(raw, checksum))
+        self._put_parts(digest, _raw_parts(raw, checksum, page_offset))
 
-    def record(self, digest: str, raw: memoryview) -> None:
+    def record(self, digest: str, raw: memoryview, page_offset: int | None = None) -> None:
         """Write an older entry (one that records no checksum) again, raw, with the
         checksum of ``raw``: its bytes, just verified against ``digest``. Atomic:
         readers see the old entry or the new one. Errors as ``put``; the old entry
-        is then kept."""
-        self._put_parts(digest, _raw_parts(raw, None), replace=True)
+        is then kept; ``page_offset`` as ``put_raw``."""
+        self._put_parts(digest, _raw_parts(raw, None, page_offset), replace=True)
 
     def _put_parts(self, digest: str, parts: list[memoryview], replace: bool = False) -> None:
         size = sum(len(p) for p in parts)
@@ -320,14 +391,27 @@ class DiskCache:
                 self._entries[digest] = CacheEntry(entry.size_bytes, now_ns)
 
 
-def _raw_parts(raw: memoryview, checksum: int | None) -> list[memoryview]:
+def _raw_parts(raw: memoryview, checksum: int | None, page_offset: int | None) -> list[memoryview]:
     raw = raw.cast("B")
     recorded = checksum_bytes(raw) if checksum is None else checksum
-    return [memoryview(cache_entry.pack_header(codec.Codec.RAW, len(raw), recorded)), raw]
+    kind = codec.Codec.RAW
+    payload_at = cache_entry.payload_offset(kind, len(raw), page_offset, pages.PAGE_BYTES)
+    header = cache_entry.pack_header(kind, len(raw), recorded, payload_at)
+    return [memoryview(header), raw]
 
 
-def _readinto_exact(f: io.FileIO, dest: memoryview, digest: str) -> None:
-    """Fill ``dest`` from an unbuffered file; the file must end right after."""
+def _check_length(f: io.FileIO, expected: int, digest: str) -> None:
+    """A raw entry must end right after its payload."""
+    size = os.fstat(f.fileno()).st_size
+    if size < expected:
+        raise IntegrityError(f"cached chunk {digest} is truncated: {size} of {expected} bytes")
+    if size > expected:
+        raise IntegrityError(f"cached chunk {digest} is longer than its declared {expected} bytes")
+
+
+def _read_exact(f: io.FileIO, offset: int, dest: memoryview, digest: str) -> None:
+    """Fill ``dest`` from an unbuffered file, from ``offset``."""
+    f.seek(offset)
     total = len(dest)
     got = 0
     while got < total:
@@ -335,8 +419,6 @@ def _readinto_exact(f: io.FileIO, dest: memoryview, digest: str) -> None:
         if not n:
             raise IntegrityError(f"cached chunk {digest} is truncated at {got} of {total} bytes")
         got += n
-    if f.read(1):
-        raise IntegrityError(f"cached chunk {digest} is longer than its declared {total} bytes")
 
 
 def _write_all(fd: int, data: memoryview) -> None:

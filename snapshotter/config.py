@@ -39,12 +39,16 @@ class CacheConfig:
 @dataclass(frozen=True)
 class LoaderConfig:
     """``lease_ttl_s > 0``: a load holds a lease on its manifest in the store while it
-    reads chunks, so a concurrent ``thaw gc`` keeps them (``snapshotter.leases``)."""
+    reads chunks, so a concurrent ``thaw gc`` keeps them (``snapshotter.leases``).
+    ``map_cache``: a CPU load maps the disk cache's page-cache pages into its buffers
+    (copy-on-write) instead of copying them, where an entry's layout allows
+    (``snapshotter.cache``); off, every hit is read."""
 
     chunk_size_bytes: int = DEFAULT_CHUNK_SIZE_BYTES
     max_inflight_bytes: int = 256 << 20
     fetch_threads: int = 16
     decode_threads: int = 4
+    map_cache: bool = True
     lease_ttl_s: float = 0.0
 
 

@@ -18,6 +18,7 @@ import torch
 
 from snapshotter.errors import BadArtifactError, IntegrityError
 from snapshotter.manifest import ChunkRef, Manifest, TensorInfo
+from snapshotter.pages import PAGE_BYTES
 from snapshotter.profile import order_chunks
 
 # safetensors dtype -> torch dtype (those torch 2.x can hold).
@@ -66,6 +67,13 @@ class ChunkWork:
             if p.src_begin == 0 and p.src_end == self.chunk.size:
                 return p
         return None
+
+    @property
+    def page_offset(self) -> int:
+        """The offset within a page of the chunk's first byte in its (first) file buffer,
+        which starts on a page: where a cache entry's payload is placed to be mapped."""
+        p = self.direct or self.placements[0]
+        return (p.dest_begin - p.src_begin) % PAGE_BYTES
 
 
 @dataclass(frozen=True)

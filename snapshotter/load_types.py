@@ -46,6 +46,7 @@ class LoadReport:
     prefaulted_bytes: int = 0  # buffer bytes carved from prewarmed host memory
     arena_bytes: int = 0  # prewarmed host memory this load's buffers would need
     ram_tier_insert_s: float = 0.0  # copying a fresh load into the RAM tier
+    cache_mapped_bytes: int = 0  # of cache_hit_bytes, mapped into the buffers, not copied
 
     @property
     def tier_bytes(self) -> dict[str, int]:

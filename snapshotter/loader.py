@@ -8,7 +8,10 @@ misaligned for its dtype). The buffers belong to the returned tensors; the
 loader keeps no reference.
 
 On the CPU every chunk is decoded straight into its place in the buffer (a
-raw cache hit is ``readinto`` the buffer); on CUDA it goes through pinned
+raw cache hit is ``readinto`` the buffer, or, with ``LoaderConfig.map_cache``,
+the entry's whole pages mapped into it copy-on-write: the buffer is then its
+own anonymous mapping, and the tensors hold page-cache pages of the cache's
+files until they are written or freed); on CUDA it goes through pinned
 staging buffers and async copies (``snapshotter.loader_cuda``). Every chunk
 is checked before it is used: from the store, against its digest; from the
 node's disk cache, against the checksum the cache recorded when it wrote the
@@ -53,6 +56,7 @@ from snapshotter.load_types import LoadedTensors, LoadReport, PieceCheck, Pieces
 from snapshotter.loader_cpu import CpuPlacer
 from snapshotter.loader_ram import ToDevice, keep, place_held
 from snapshotter.manifest import Manifest
+from snapshotter.pages import anonymous_buffer
 from snapshotter.pipeline import StageTotals, run_pipeline
 from snapshotter.ram_tier import RamTier
 from snapshotter.registry import Reference, Registry
@@ -255,22 +259,29 @@ class Snapshotter:
         return fill_module(module, tensors, torch.device(device), strict=strict)
 
     def _buffers(self, plan: LoadPlan, dev: torch.device) -> tuple[list[torch.Tensor], int]:
-        """A buffer per file, from the prewarmed host memory where it fits, else new;
-        and the bytes that came from the prewarmed memory."""
+        """A buffer per file, from the prewarmed host memory where it fits, else new (on
+        the CPU, with ``map_cache``, a mapping of its own that cache pages can be mapped
+        into); and the bytes that came from the prewarmed memory."""
         arena = self._arena if dev.type == "cpu" else None
         buffers, carved_bytes = [], 0
         for f in plan.files:
             buffer = arena.take(f.data_bytes) if arena is not None else None
-            if buffer is None:
+            if buffer is None and self._maps_cache(dev):
+                buffer = anonymous_buffer(f.data_bytes)
+            elif buffer is None:
                 buffer = torch.empty(f.data_bytes, dtype=torch.uint8, device=dev)
             else:
                 carved_bytes += f.data_bytes
             buffers.append(buffer)
         return buffers, carved_bytes
 
+    def _maps_cache(self, dev: torch.device) -> bool:
+        return dev.type == "cpu" and self.config.map_cache and self.source.cache is not None
+
     def _run(self, plan: LoadPlan, buffers: list[torch.Tensor], dev: torch.device) -> StageTotals:
         if dev.type == "cpu":
-            return run_pipeline(plan.work, self.source, CpuPlacer(buffers), self.config)
+            cpu = CpuPlacer(buffers, map_pages=self._maps_cache(dev))
+            return run_pipeline(plan.work, self.source, cpu, self.config)
         from snapshotter.loader_cuda import CudaPlacer
 
         placer = CudaPlacer(buffers, self._staging_pool(dev))
@@ -348,6 +359,7 @@ def _report(
         verify_decompress=StageReport(t.decode_bytes, t.decode_s),
         place=StageReport(t.place_bytes, t.place_s),
         cache_hit_bytes=t.cache_hit_bytes,
+        cache_mapped_bytes=t.cache_mapped_bytes,
         store_bytes=t.store_bytes,
         cache_hits=t.cache_hits,
         store_gets=t.store_gets,

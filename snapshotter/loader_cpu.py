@@ -9,17 +9,25 @@ from snapshotter.pipeline import Target
 
 
 class CpuPlacer:
-    """Chunks decode straight into the file buffers; duplicates are memcpy'd."""
+    """Chunks decode straight into the file buffers; duplicates are memcpy'd.
 
-    def __init__(self, buffers: list[torch.Tensor]) -> None:
+    ``map_pages``: the buffers are private anonymous mappings this load owns
+    (``snapshotter.pages.anonymous_buffer``, or carved from a
+    ``snapshotter.host_arena.HostArena``), so a cache hit may map its entry's pages
+    into them instead of copying.
+    """
+
+    def __init__(self, buffers: list[torch.Tensor], *, map_pages: bool = False) -> None:
         self._views = [b.numpy().data for b in buffers]
+        self._map_pages = map_pages
 
     def target(self, work: ChunkWork) -> Target:
         direct = work.direct
         if direct is None:
             return Target(memoryview(bytearray(work.chunk.size)))
         begin = direct.dest_begin
-        return Target(self._views[direct.file_idx][begin : begin + work.chunk.size], direct)
+        view = self._views[direct.file_idx][begin : begin + work.chunk.size]
+        return Target(view, direct, map_pages=self._map_pages)
 
     def commit(self, work: ChunkWork, target: Target) -> None:
         for p in work.placements:

@@ -35,10 +35,13 @@ from snapshotter.source import ChunkSource, Fetched, Finished, Tier
 
 @dataclass
 class Target:
-    """Where a chunk is decoded: ``view`` is exactly ``chunk.size`` bytes."""
+    """Where a chunk is decoded: ``view`` is exactly ``chunk.size`` bytes; ``map_pages``:
+    it lies in a private mapping the placer owns, into which a cache hit's pages may be
+    mapped (``snapshotter.cache.DiskCache.read_into``)."""
 
     view: memoryview
     handle: object = None
+    map_pages: bool = False
 
 
 class Placer(Protocol):
@@ -96,6 +99,7 @@ class StageTotals:
     place_s: float = 0.0
     place_bytes: int = 0
     cache_hit_bytes: int = 0
+    cache_mapped_bytes: int = 0
     cache_hits: int = 0
     store_bytes: int = 0
     store_gets: int = 0
@@ -143,6 +147,7 @@ class _Run:
             if finished.tier is Tier.CACHE:
                 t.cache_hits += 1
                 t.cache_hit_bytes += work.chunk.size  # cache entries are raw
+                t.cache_mapped_bytes += fetched.mapped_bytes
             else:
                 t.store_gets += 1
                 t.store_bytes += work.chunk.stored_size
@@ -178,7 +183,9 @@ def run_pipeline(
             target: Target | None = None
             try:
                 target = placer.target(w)
-                fetched = source.fetch(w.chunk, target.view)
+                fetched = source.fetch(
+                    w.chunk, target.view, page_offset=w.page_offset, map_pages=target.map_pages
+                )
                 decode_pool.submit(decode, w, target, fetched, weight)
             except BaseException as exc:
                 if target is not None:

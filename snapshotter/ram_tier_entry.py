@@ -16,9 +16,6 @@ entry's ``meta.json`` is then written again in format 3.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
-import functools
 import json
 import mmap
 import os
@@ -35,6 +32,7 @@ import torch
 
 from snapshotter.digest import checksum_bytes, digest_bytes
 from snapshotter.fanout import run_each
+from snapshotter.pages import populate_read
 
 FORMAT = 3
 _ONE_PIECE_FORMAT = 2  # one checksum per file
@@ -44,9 +42,6 @@ TRASH_PREFIX = ".trash-"
 # Data files are checksummed in pieces of this size (a multiple of any page size);
 # device buffers are written through host pieces of it.
 PIECE_BYTES = 32 << 20
-# madvise(2): fault a range's pages in for reading, in one call (Linux 5.14+); Python 3.11's
-# mmap module does not name it.
-MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 
 
 @dataclass(frozen=True)
@@ -180,22 +175,10 @@ def populate_pages(buf: torch.Tensor, name: str) -> None:
     Not ``MAP_POPULATE``: on a private writable mapping it populates for writing,
     copying every page.
     """
-    if buf.numel() == 0:
-        return
-    libc = _libc()
-    if libc.madvise(
-        ctypes.c_void_p(buf.data_ptr()), ctypes.c_size_t(buf.numel()), MADV_POPULATE_READ
-    ):
-        err = ctypes.get_errno()
-        if err not in (errno.EINVAL, errno.ENOSYS):
-            raise BadEntry(f"{name} cannot be read: {os.strerror(err)}")
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return libc
+    try:
+        populate_read(buf.data_ptr(), buf.numel())
+    except OSError as exc:
+        raise BadEntry(f"{name} cannot be read: {exc.strerror}") from None
 
 
 def check_files(meta: Sequence[TierFile], buffers: Sequence[torch.Tensor]) -> list[TierFile]:

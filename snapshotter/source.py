@@ -3,7 +3,8 @@
 A chunk goes through two stages, so the loader can run them in separate
 thread pools (I/O-bound fetches, CPU-bound verification)::
 
-    fetch(chunk, dest)           cache hit: read straight into dest (entries are raw)
+    fetch(chunk, dest)           cache hit: read straight into dest (entries are raw),
+                                            or map the entry's whole pages into it
                                  miss:      store get -> framed bytes
     finish(fetched, dest)        cache hit: xxh3(dest) == the checksum its entry records
                                             (an older entry with none: blake3(dest) ==
@@ -55,6 +56,7 @@ class SourceCounters:
     store_bytes: int = 0
     cache_hits: int = 0
     cache_hit_bytes: int = 0
+    cache_mapped_bytes: int = 0  # of the hits, mapped into the buffers rather than copied
     cache_misses: int = 0
     cache_corrupt: int = 0
     cache_rehashed: int = 0  # older entries (no checksum) checked with the digest, recorded
@@ -73,6 +75,8 @@ class Fetched:
     fetch_s: float
     fetched_bytes: int
     checksum: int | None = None
+    page_offset: int | None = None  # the chunk's first byte's offset within a buffer page
+    mapped_bytes: int = 0  # of a cache hit, mapped into dest rather than copied
 
 
 @dataclass(frozen=True)
@@ -103,31 +107,49 @@ class ChunkSource:
                 setattr(self._counters, name, getattr(self._counters, name) + delta)
 
     # --- stage 1 -------------------------------------------------------------
-    def fetch(self, chunk: ChunkRef, dest: memoryview) -> Fetched:
-        """Bring a chunk close: into ``dest`` from the cache, or as bytes from the store."""
+    def fetch(
+        self,
+        chunk: ChunkRef,
+        dest: memoryview,
+        *,
+        page_offset: int | None = None,
+        map_pages: bool = False,
+    ) -> Fetched:
+        """Bring a chunk close: into ``dest`` from the cache, or as bytes from the store.
+
+        ``page_offset`` (the offset within a page of the chunk's first byte in a
+        load's page-aligned buffer) lets the cache place an entry written for it
+        so that it can be mapped; ``map_pages``: ``dest`` lies in a private mapping
+        the caller owns, into which a cache hit's pages may be mapped
+        (``DiskCache.read_into``).
+        """
         start = time.perf_counter()
         if self.cache is not None and chunk.digest in self.cache:
-            hit = self._fetch_cached(chunk, dest)
+            hit = self._fetch_cached(chunk, dest, map_pages)
             if hit is not None:
                 hit.fetch_s = time.perf_counter() - start
+                hit.page_offset = page_offset
                 return hit
         if self.cache is not None:
             self._count(cache_misses=1)
         obj = self._get_stored(chunk)
-        return Fetched(chunk, Tier.STORE, obj, time.perf_counter() - start, len(obj))
+        fetch_s = time.perf_counter() - start
+        return Fetched(chunk, Tier.STORE, obj, fetch_s, len(obj), page_offset=page_offset)
 
-    def _fetch_cached(self, chunk: ChunkRef, dest: memoryview) -> Fetched | None:
-        # Entries are raw-framed (see ``_write_through``): read straight into dest.
+    def _fetch_cached(self, chunk: ChunkRef, dest: memoryview, map_pages: bool) -> Fetched | None:
+        # Entries are raw (see ``_write_through``): read, or mapped, straight into dest.
         assert self.cache is not None
         try:
-            hit = self.cache.read_into(chunk, dest)
+            hit = self.cache.read_into(chunk, dest, map_pages=map_pages)
         except IntegrityError as exc:
             self._drop_corrupt(chunk, exc)
             return None
         if hit is None:
             return None
-        self._count(cache_hits=1, cache_hit_bytes=chunk.size)
-        return Fetched(chunk, Tier.CACHE, None, 0.0, chunk.size, hit.checksum)
+        self._count(cache_hits=1, cache_hit_bytes=chunk.size, cache_mapped_bytes=hit.mapped_bytes)
+        return Fetched(
+            chunk, Tier.CACHE, None, 0.0, chunk.size, hit.checksum, mapped_bytes=hit.mapped_bytes
+        )
 
     # --- stage 2 -------------------------------------------------------------
     def finish(self, fetched: Fetched, dest: memoryview) -> Finished:
@@ -147,10 +169,12 @@ class ChunkSource:
             refetch_start = time.perf_counter()
             obj = self._get_stored(chunk)
             refetch_s = time.perf_counter() - refetch_start
-            fetched = Fetched(chunk, Tier.STORE, obj, refetch_s, len(obj))
+            fetched = Fetched(
+                chunk, Tier.STORE, obj, refetch_s, len(obj), page_offset=fetched.page_offset
+            )
         assert fetched.obj is not None
         self._decode_verified(fetched.obj, chunk, dest)
-        self._write_through(chunk, dest)
+        self._write_through(chunk, dest, fetched.page_offset)
         return Finished(Tier.STORE, time.perf_counter() - start - refetch_s, refetch_s)
 
     def load_into(self, chunk: ChunkRef, dest: memoryview) -> Tier:
@@ -168,7 +192,7 @@ class ChunkSource:
         self._count(cache_rehashed=1)
         assert self.cache is not None
         try:
-            self.cache.record(fetched.chunk.digest, dest)
+            self.cache.record(fetched.chunk.digest, dest, fetched.page_offset)
         except StoreError as exc:  # checked again with the digest next time
             self._count(cache_write_errors=1)
             log.warning("cached chunk %s not recorded: %s", fetched.chunk.digest, exc)
@@ -194,12 +218,15 @@ class ChunkSource:
                 "push the artifact again (a push skips chunks already stored)"
             )
 
-    def _write_through(self, chunk: ChunkRef, verified: memoryview) -> None:
-        # The decoded bytes, not the store's object: a hit is then one readinto.
+    def _write_through(
+        self, chunk: ChunkRef, verified: memoryview, page_offset: int | None
+    ) -> None:
+        # The decoded bytes, not the store's object: a hit is then one readinto, or a
+        # mapping of the entry's pages.
         if self.cache is None:
             return
         try:
-            self.cache.put_raw(chunk.digest, verified)
+            self.cache.put_raw(chunk.digest, verified, page_offset=page_offset)
         except StoreError as exc:
             self._count(cache_write_errors=1)
             log.warning("chunk %s not cached: %s", chunk.digest, exc)

@@ -58,6 +58,7 @@ def loader_config(spec: StoreSpec) -> LoaderConfig:
         fetch_threads=spec.loader_fetch_threads,
         decode_threads=spec.loader_decode_threads,
         lease_ttl_s=spec.loader_lease_ttl_s,
+        map_cache=spec.loader_map_cache,
     )
 
 

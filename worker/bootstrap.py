@@ -60,6 +60,7 @@ def store_spec(settings: Settings) -> StoreSpec:
         loader_fetch_threads=loader.fetch_threads,
         loader_decode_threads=loader.decode_threads,
         loader_lease_ttl_s=loader.lease_ttl_s,
+        loader_map_cache=loader.map_cache,
         ram_tier_dir=str(Path(ram_tier.directory).resolve()),
         ram_tier_max_bytes=ram_tier.max_bytes,
         ram_tier_verify=ram_tier.verify,

@@ -57,6 +57,7 @@ class StoreSpec(BaseModel):
     loader_fetch_threads: int = 16
     loader_decode_threads: int = 4
     loader_lease_ttl_s: float = 0.0  # a load's gc lease in the store (0: none)
+    loader_map_cache: bool = True  # map the disk cache's pages into CPU loads, no copy
     ram_tier_dir: str | None = None  # the worker's host-RAM tier; None or max 0: none
     ram_tier_max_bytes: int = 0
     ram_tier_verify: bool = True

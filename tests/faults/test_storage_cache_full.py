@@ -26,7 +26,6 @@ from control_plane.errors import NoCapacityError
 from control_plane.protocol import WorkerHeartbeat, WorkerRegister
 from control_plane.services import workers
 from control_plane.services.scheduler import ReplicaRequest, place
-from snapshotter import cache_entry
 from snapshotter.cache import DiskCache
 from snapshotter.config import CacheConfig
 from snapshotter.digest import digest_bytes
@@ -35,7 +34,7 @@ from snapshotter.push import push_directory
 from snapshotter.registry import Registry
 from snapshotter.stores.local import LocalStore
 from tests.faults.storage_kit import WAIT_S, write_random_model
-from tests.snapshotter.loadkit import assert_same_tensors, expected_tensors
+from tests.snapshotter.loadkit import assert_same_tensors, entry_payload_at, expected_tensors
 from tests.worker.recorder import Recorder
 from tests.worker.test_replicas import LocalCodeRuntime
 from worker.agent import Agent, AgentConfig
@@ -75,7 +74,7 @@ def _fill_cache_by_loading(registry: Registry, cache_dir: Path, model_dir: Path)
     entries = [p for p in (cache_dir / "chunks").rglob("*") if p.is_file()]
     assert entries and not [p for p in entries if p.name.startswith(".tmp-")]
     for path in entries:  # what was cached is whole
-        assert digest_bytes(path.read_bytes()[cache_entry.HEADER_SIZE :]) == f"blake3:{path.name}"
+        assert digest_bytes(path.read_bytes()[entry_payload_at(path) :]) == f"blake3:{path.name}"
 
 
 def _heartbeats(recorder: Recorder, worker_id: str, healthy: bool) -> dict[str, Any]:

@@ -57,6 +57,7 @@ from tests.fixtures.images import Member, layer_tar, save_archive
 from tests.snapshotter.loadkit import (
     TEST_CHUNK_SIZE_BYTES,
     assert_same_tensors,
+    entry_payload_at,
     expected_tensors,
     push,
 )
@@ -150,7 +151,7 @@ def test_damage_in_the_ram_tier_and_the_cache_is_fetched_again_from_the_store(
     tier_file = RamTier(tier_config).entry_dir(digest) / f"{file_idx}.data"
     _damage(tier_file, victim.offset - file.safetensors.data_offset + victim.size // 2, how)
     entry = DiskCache(cache_config).path(victim.digest)
-    _damage(entry, cache_entry.HEADER_SIZE + victim.size // 2, how)
+    _damage(entry, entry_payload_at(entry) + victim.size // 2, how)
 
     tier = RamTier(tier_config)
     loader = Snapshotter(registry, DiskCache(cache_config), ram_tier=tier)  # a new process

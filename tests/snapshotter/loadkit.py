@@ -9,7 +9,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from snapshotter import cache_entry, codec
 from snapshotter.config import StoreConfig
+from snapshotter.digest import checksum_bytes
 from snapshotter.push import push_directory
 from snapshotter.registry import Registry
 from snapshotter.stores import open_store
@@ -79,3 +81,19 @@ def assert_same_tensors(got: dict[str, torch.Tensor], want: dict[str, torch.Tens
         assert actual.dtype == expected.dtype, name
         assert actual.shape == expected.shape, name
         assert torch.equal(actual.cpu(), expected), name
+
+
+def entry_payload_at(entry: Path) -> int:
+    """Where a disk-cache entry's payload starts (after its header and any padding)."""
+    data = entry.read_bytes()
+    return cache_entry.parse(data, codec.HEADER.unpack_from(data)[2])[0].header_bytes
+
+
+def assert_entry_holds(entry: Path, raw: bytes) -> None:
+    """The entry is the loader's kind: current format, raw, ``raw`` with its checksum."""
+    data = entry.read_bytes()
+    header, payload = cache_entry.parse(data, len(raw))
+    assert data[:4] == cache_entry.MAGIC
+    assert header.codec is codec.Codec.RAW
+    assert header.checksum == checksum_bytes(raw)
+    assert bytes(payload) == raw

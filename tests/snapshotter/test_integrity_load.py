@@ -16,14 +16,15 @@ from safetensors.torch import save_file
 from snapshotter import cache_entry, codec
 from snapshotter.cache import DiskCache
 from snapshotter.config import CacheConfig, StoreConfig
-from snapshotter.digest import checksum_bytes
 from snapshotter.errors import ChunkTooLargeError, IntegrityError
 from snapshotter.loader import Snapshotter
 from snapshotter.manifest import ChunkRef
 from snapshotter.registry import Registry, chunk_key
 from tests.snapshotter.loadkit import (
+    assert_entry_holds,
     assert_same_tensors,
     counting_registry,
+    entry_payload_at,
     expected_tensors,
     push,
 )
@@ -63,7 +64,8 @@ def test_flipped_byte_in_cache_is_dropped_and_refetched(
     Snapshotter(registry, cache).load("llama:v1")  # fills the cache
     victim = _tensor_chunks(registry, digest, "raw")[0]
     entry = cache.path(victim.digest)
-    entry.write_bytes(_flip_byte(entry.read_bytes(), cache_entry.HEADER_SIZE + victim.size // 2))
+    flip_at = entry_payload_at(entry) + victim.size // 2
+    entry.write_bytes(_flip_byte(entry.read_bytes(), flip_at))
 
     store.reset()
     snap = Snapshotter(registry, DiskCache(CacheConfig(directory=tmp_path / "cache")))
@@ -71,19 +73,12 @@ def test_flipped_byte_in_cache_is_dropped_and_refetched(
     assert_same_tensors(tensors, expected_tensors(llama_dir))
     assert store.chunk_gets() == [chunk_key(victim.digest)]
     assert snap.source.counters().cache_corrupt == 1
-    assert entry.read_bytes() == _entry(
-        codec.decode(registry.get_chunk(victim.digest), victim.size)
-    )
-
-
-def _entry(raw: bytes) -> bytes:
-    """The cache entry the loader writes for a chunk: raw, with its checksum."""
-    return cache_entry.pack_header(codec.Codec.RAW, len(raw), checksum_bytes(raw)) + raw
+    assert_entry_holds(entry, codec.decode(registry.get_chunk(victim.digest), victim.size))
 
 
 def _as_older_entry(path: Path, size: int) -> None:
     """Rewrite a cache entry as an older thaw wrote it: the store's raw frame, no checksum."""
-    raw = path.read_bytes()[cache_entry.HEADER_SIZE :]
+    raw = path.read_bytes()[entry_payload_at(path) :]
     assert len(raw) == size
     path.write_bytes(codec.HEADER.pack(codec.MAGIC, codec.Codec.RAW, size) + raw)
 
@@ -149,9 +144,7 @@ def test_a_corrupt_older_entry_is_caught_by_its_digest_and_refetched(
     assert store.chunk_gets() == [chunk_key(victim.digest)]
     counters = snap.source.counters()
     assert (counters.cache_corrupt, counters.cache_rehashed) == (1, 0)
-    assert entry.read_bytes() == _entry(
-        codec.decode(registry.get_chunk(victim.digest), victim.size)
-    )
+    assert_entry_holds(entry, codec.decode(registry.get_chunk(victim.digest), victim.size))
 
 
 def test_compressed_chunk_is_cached_decoded_and_heals_when_corrupt(tmp_path: Path) -> None:
@@ -164,7 +157,8 @@ def test_compressed_chunk_is_cached_decoded_and_heals_when_corrupt(tmp_path: Pat
     cache = DiskCache(CacheConfig(directory=tmp_path / "cache"))
     Snapshotter(registry, cache).load("zeros:v1")
     entry = cache.path(victim.digest)
-    assert entry.stat().st_size == cache_entry.HEADER_SIZE + victim.size  # stored decoded
+    header, payload = cache_entry.parse(entry.read_bytes(), victim.size)
+    assert (header.codec, len(payload)) == (codec.Codec.RAW, victim.size)  # stored decoded
     entry.write_bytes(_flip_byte(entry.read_bytes(), len(entry.read_bytes()) - 2))
 
     snap = Snapshotter(registry, cache)

@@ -7,14 +7,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from snapshotter import cache_entry, codec
+from snapshotter import codec
 from snapshotter.cache import DiskCache
 from snapshotter.config import CacheConfig, LoaderConfig
 from snapshotter.errors import IntegrityError
 from snapshotter.loader import Snapshotter
 from snapshotter.registry import Registry
 from snapshotter.stores.local import LocalStore
-from tests.snapshotter.loadkit import assert_same_tensors, counting_registry, expected_tensors, push
+from tests.snapshotter.loadkit import (
+    assert_same_tensors,
+    counting_registry,
+    entry_payload_at,
+    expected_tensors,
+    push,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -90,7 +96,7 @@ def test_a_flipped_byte_in_the_disk_cache_is_caught_on_the_host_and_refetched(
     victim = next(c for c in f.chunks if c.offset >= f.safetensors.data_offset)
     entry = DiskCache(cache_config).path(victim.digest)
     damaged = bytearray(entry.read_bytes())
-    damaged[cache_entry.HEADER_SIZE + victim.size // 2] ^= 0x10
+    damaged[entry_payload_at(entry) + victim.size // 2] ^= 0x10
     entry.write_bytes(bytes(damaged))
 
     snap = Snapshotter(registry, DiskCache(cache_config))

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from snapshotter import DiskCache, Snapshotter, ram_tier_entry
+from snapshotter import DiskCache, Snapshotter, pages, ram_tier_entry
 from snapshotter.config import CacheConfig, RamTierConfig
 from snapshotter.ram_tier import RamTier
 from snapshotter.registry import Registry
@@ -90,7 +90,7 @@ def test_without_populate_the_pages_fault_in_later(
     held: tuple[Snapshotter, str], tier_config: RamTierConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A kernel before 5.14 refuses the advice (EINVAL): the hit still maps, lazily.
-    monkeypatch.setattr(ram_tier_entry, "MADV_POPULATE_READ", 0x7FFF)
+    monkeypatch.setattr(pages, "MADV_POPULATE_READ", 0x7FFF)
     snap, digest = held
     tensors = snap.load(digest)
     assert tensors.report.ram_tier_bytes == tensors.report.tensor_bytes

@@ -23,7 +23,12 @@ from snapshotter.ram_tier import RamTier
 from snapshotter.registry import Registry
 from snapshotter.stores.local import LocalStore
 from snapshotter.tier_verify import verify_cache, verify_tier
-from tests.snapshotter.loadkit import assert_same_tensors, expected_tensors, push
+from tests.snapshotter.loadkit import (
+    assert_same_tensors,
+    entry_payload_at,
+    expected_tensors,
+    push,
+)
 
 
 @pytest.fixture
@@ -79,11 +84,11 @@ def test_damaged_cache_entries_are_named_and_dropped_older_ones_recorded(
     cache = _cache(tmp_path)
     big = sorted((d for d, e in cache.entries().items() if e.size_bytes > 64), reverse=True)
     flipped, cut, bad_checksum, older, older_bad = big[:5]
-    _flip(cache.path(flipped), cache_entry.HEADER_SIZE + 10)
+    _flip(cache.path(flipped), entry_payload_at(cache.path(flipped)) + 10)
     os.truncate(cache.path(cut), cache.path(cut).stat().st_size - 1)
     _flip(cache.path(bad_checksum), codec.HEADER_SIZE)  # bytes sound, checksum wrong
     for d in (older, older_bad):  # as an older thaw wrote them: no checksum
-        raw = cache.path(d).read_bytes()[cache_entry.HEADER_SIZE :]
+        raw = cache.path(d).read_bytes()[entry_payload_at(cache.path(d)) :]
         cache.path(d).write_bytes(codec.HEADER.pack(codec.MAGIC, codec.Codec.RAW, len(raw)) + raw)
     _flip(cache.path(older_bad), codec.HEADER_SIZE + 3)
 
@@ -93,7 +98,7 @@ def test_damaged_cache_entries_are_named_and_dropped_older_ones_recorded(
     assert check.recorded == 1
     for d in (flipped, cut, bad_checksum, older_bad):
         assert d not in cache and not cache.path(d).exists()
-    raw = cache.path(older).read_bytes()[cache_entry.HEADER_SIZE :]
+    raw = cache.path(older).read_bytes()[entry_payload_at(cache.path(older)) :]
     assert cache.path(older).read_bytes()[:4] == cache_entry.MAGIC
     assert digest_bytes(raw) == older
     assert verify_cache(_cache(tmp_path)).ok  # what is left is sound
@@ -150,7 +155,7 @@ def test_thaw_cache_verify_names_damage_and_exits_1_then_0(
     }
     cache = _cache(tmp_path)
     victim = max(cache.entries(), key=lambda d: cache.entries()[d].size_bytes)
-    _flip(cache.path(victim), cache_entry.HEADER_SIZE + 1)
+    _flip(cache.path(victim), entry_payload_at(cache.path(victim)) + 1)
     tier_data = max(
         RamTier(tier_config).entry_dir(digest).glob("*.data"), key=lambda f: f.stat().st_size
     )
