@@ -53,11 +53,8 @@ class DirectRunner:
         self.s = services
         self._kick = kick  # reconcile a function (a slot freed, a call requeued)
         self._send_queued = send_queued  # through the worker's queue
-        # Fast-path routing decisions take turns in this process, so two callers do
-        # not both count the same free slot. Recording events needs no turn: no event
-        # takes a slot, and an end that frees one while a claim reads is missed as if
-        # it came a moment later (the call queues). SQLite's writers take turns anyway
-        # (``db.sqlite_writers``).
+        # Fast-path routing decisions and the recording of their ends take turns
+        # in this process, so two callers do not both count the same free slot.
         self.lock = threading.Lock()
         self._background = threading.BoundedSemaphore(MAX_BACKGROUND_RUNS)
 
@@ -191,7 +188,7 @@ class DirectRunner:
         ended it."""
         final = any(ev.kind in FINAL_CALL_EVENTS for ev in events)
         kick = False
-        with self.s.db.session() as session:
+        with self.lock, self.s.db.session() as session:
             if row is not None:
                 session.add(row)  # as dispatched, detached since: no read, no copy
             try:
