@@ -23,8 +23,10 @@ imports, waits, loads while A still holds its tensors. Each reports:
 it. Pages the two share count half to each, so a load that shares the tier's
 pages adds ~0 and one that copies adds the weights' bytes.
 
-Rows: the tier with ``verify`` on and off, and the disk cache without a tier
-(each replica its own copy: the alternative).
+Rows: the tier with ``verify`` on and off, and the disk cache without a tier,
+its entries mapped (the page cache's pages, shared like the tier's) and with
+mapping off (``THAW_LOADER_MAP_CACHE=0``: each replica its own copy, the
+alternative).
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ PAGE_BYTES = 4096
 ROWS = {
     "tier-verify": "thaw RAM tier, verify on",
     "tier-noverify": "thaw RAM tier, verify off",
-    "cache": "thaw disk cache, no tier (a copy each)",
+    "cache": "thaw disk cache, no tier, mapped",
+    "cache-copy": "thaw disk cache, no tier, mapping off (a copy each)",
 }
 
 
@@ -103,7 +106,8 @@ def replica(spec: dict[str, Any]) -> None:
         config = RamTierConfig(Path(spec["tier"]), max_bytes=64 << 30, verify=spec["verify"])
         tier = RamTier(config)
     cache = DiskCache(CacheConfig(directory=Path(spec["cache_dir"])))
-    snap = Snapshotter(_registry(spec["store"]), cache, LoaderConfig(), ram_tier=tier)
+    loader = LoaderConfig(map_cache=spec.get("map_cache", True))
+    snap = Snapshotter(_registry(spec["store"]), cache, loader, ram_tier=tier)
     emit_result({"phase": "imported", "pss_bytes": pss_bytes()})
     sys.stdout.flush()
     sys.stdin.readline()  # the parent's go
@@ -228,6 +232,8 @@ def _fill_spec(base: dict[str, Any], checksum: int) -> dict[str, Any]:
 def row_spec(base: dict[str, Any], row: str) -> dict[str, Any]:
     if row == "cache":
         return {**base, "tier": None}
+    if row == "cache-copy":
+        return {**base, "tier": None, "map_cache": False}
     return {**base, "verify": row == "tier-verify"}
 
 
