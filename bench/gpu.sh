@@ -100,7 +100,7 @@ done >>"$out/llm.log"
 tail -n 40 "$out/llm.log"
 
 # Where a stream's time goes in each of thaw's processes on the GPU (py-spy), at 1 stream.
-step llm-profile 90 python3 bench/llm_profile.py --device cuda --streams 1 --seconds 15 \
+step llm-profile 90 python3 bench/llm_profile.py --device cuda --streams 1 --seconds 15 --gil \
   --data-dir "$data/llm" --out "$data/llm-profile"
 tail -n 60 "$out/llm-profile.log"
 

@@ -3,7 +3,7 @@ samples of thaw's server and its worker (with the replica) while streams run thr
 the OpenAI routes on a private installation.
 
     python bench/llm_profile.py [--model DIR] [--quick] [--device cuda] [--streams 1]
-                                [--seconds 10] [--max-tokens 64] [--out DIR]
+                                [--seconds 10] [--max-tokens 64] [--gil] [--out DIR]
 
 The companion of ``bench/llm.py``: where that shows thaw's tokens/s below the
 in-process engine's, this shows which thread of which process spends the time (the
@@ -12,7 +12,10 @@ recording). Needs py-spy (``pip install py-spy``) and the right to read another
 process's memory (root, or ptrace allowed). Writes OUT/server.txt and OUT/worker.txt
 (py-spy's raw format: a stack a line, then its sample count; threads on a CPU only)
 and prints, per process and kind of thread, its share of the samples and the leaf
-frames that hold most.
+frames that hold most. ``--gil`` also records, at the same time, only the thread
+that holds the GIL in the worker and its replica (OUT/worker-gil.txt, py-spy's
+``--gil``): a thread's share there against its share on the CPU shows whether the
+replica's generation loop waits for the GIL behind its call and router threads.
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
             _record(spy, pids["server"], args.out / "server.txt", args.seconds, False),
             _record(spy, pids["w1"], args.out / "worker.txt", args.seconds, True),
         ]
+        if args.gil:
+            gil = args.out / "worker-gil.txt"
+            recorders.append(_record(spy, pids["w1"], gil, args.seconds, True, gil=True))
         rounds = 0
         started = time.monotonic()
         while time.monotonic() - started < args.seconds:
@@ -70,17 +76,30 @@ def main(argv: list[str] | None = None) -> int:
         for r in recorders:
             r.wait()
     print(f"{rounds} rounds of {args.streams} streams, {args.max_tokens} tokens each")
-    for name in ("server", "worker"):
+    for name in ("server", "worker", *(["worker-gil"] if args.gil else [])):
         print(summary(args.out / f"{name}.txt"))
     return 0
 
 
-def _record(spy: str, pid: int, out: Path, seconds: float, children: bool) -> subprocess.Popen:
+def _record(
+    spy: str, pid: int, out: Path, seconds: float, children: bool, *, gil: bool = False
+) -> subprocess.Popen:
+    command = record_command(spy, pid, out, seconds, children, gil=gil)
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def record_command(
+    spy: str, pid: int, out: Path, seconds: float, children: bool, *, gil: bool = False
+) -> list[str]:
+    """py-spy's command line: ``pid`` (and with ``children`` its subprocesses) sampled
+    for ``seconds`` into ``out``, raw, per thread; with ``gil`` only the GIL's holder."""
     command = [spy, "record", "--pid", str(pid), "--duration", str(max(1, int(seconds)))]
     command += ["--format", "raw", "--output", str(out), "--threads", "--nonblocking"]
     if children:
         command.append("--subprocesses")
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if gil:
+        command.append("--gil")
+    return command
 
 
 def summary(raw: Path, top: int = TOP_FRAMES) -> str:
@@ -128,6 +147,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--kv-cache-mb", type=int, default=256)
+    p.add_argument(
+        "--gil", action="store_true", help="also record who holds the GIL (worker-gil.txt)"
+    )
     p.add_argument("--out", type=Path, default=Path("llm-profile"))
     p.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parent / ".data")
     args = p.parse_args(argv)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.llm_profile import summary
+from bench.llm_profile import record_command, summary
 
 
 def test_threads_of_one_kind_are_summed_and_their_leaf_frames_ranked(tmp_path: Path) -> None:
@@ -30,3 +30,13 @@ def test_threads_of_one_kind_are_summed_and_their_leaf_frames_ranked(tmp_path: P
 
 def test_a_missing_file_says_so(tmp_path: Path) -> None:
     assert "no samples" in summary(tmp_path / "server.txt")
+
+
+def test_the_gil_recording_samples_only_the_holder_of_the_worker_tree(tmp_path: Path) -> None:
+    out = tmp_path / "worker-gil.txt"
+    plain = record_command("py-spy", 42, out, 2.5, True)
+    gil = record_command("py-spy", 42, out, 2.5, True, gil=True)
+    assert plain[:6] == ["py-spy", "record", "--pid", "42", "--duration", "2"]
+    assert "--subprocesses" in plain and "--gil" not in plain
+    assert gil == [*plain, "--gil"]
+    assert "--subprocesses" not in record_command("py-spy", 42, out, 2.5, False)
