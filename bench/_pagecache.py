@@ -15,11 +15,12 @@ of trusting it.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import os
 from collections.abc import Iterable
 from pathlib import Path
+
+from snapshotter.pages import libc
 
 DROP_CACHES = "drop_caches"
 FADVISE = "fadvise"
@@ -68,22 +69,6 @@ def warm_page_cache(files: Iterable[Path]) -> None:
                 pass
 
 
-def _libc() -> ctypes.CDLL:
-    lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    lib.mmap.restype = ctypes.c_void_p
-    lib.mmap.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_long,
-    ]
-    lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    return lib
-
-
 def _resident_pages(lib: ctypes.CDLL, path: Path) -> tuple[int, int]:
     size = path.stat().st_size
     if size == 0:
@@ -107,7 +92,7 @@ def _resident_pages(lib: ctypes.CDLL, path: Path) -> tuple[int, int]:
 
 def resident_fraction(files: Iterable[Path]) -> float:
     """The fraction (0..1) of the files' pages now in the page cache; 0 for no bytes."""
-    lib = _libc()
+    lib = libc()
     resident = total = 0
     for p in files:
         r, t = _resident_pages(lib, p)

@@ -44,7 +44,7 @@ def populate_read(address: int, nbytes: int) -> bool:
     when a page cannot be read (its file is shorter than the mapping)."""
     if nbytes <= 0:
         return True
-    if _libc().madvise(ctypes.c_void_p(address), ctypes.c_size_t(nbytes), MADV_POPULATE_READ):
+    if libc().madvise(ctypes.c_void_p(address), ctypes.c_size_t(nbytes), MADV_POPULATE_READ):
         err = ctypes.get_errno()
         if err in (errno.EINVAL, errno.ENOSYS):
             return False
@@ -96,14 +96,18 @@ def anonymous_buffer(nbytes: int) -> torch.Tensor:
 
 def _mmap(address: int, nbytes: int, flags: int, fd: int, offset: int) -> int | None:
     prot = mmap.PROT_READ | mmap.PROT_WRITE
-    got = _libc().mmap(address, nbytes, prot, flags, fd, offset)
+    got = libc().mmap(address, nbytes, prot, flags, fd, offset)
     return None if got == _MAP_FAILED else got
 
 
 @functools.cache
-def _libc() -> ctypes.CDLL:
+def libc() -> ctypes.CDLL:
+    """The C library with the page calls' signatures declared (``mmap``, ``munmap``,
+    ``madvise``, ``mincore``); errors in ``ctypes.get_errno()``."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     libc.mmap.argtypes = [
         ctypes.c_void_p,
         ctypes.c_size_t,
