@@ -104,6 +104,7 @@ from snapshotter.ram_tier_entry import (
     TierFile,
     check_files,
     map_all,
+    populate_files,
     read_meta,
     rewrite_meta,
     touch,
@@ -240,8 +241,11 @@ class RamTier:
         start = time.perf_counter()
         entry = self.entry_dir(manifest_digest)
         deferred = read_only and not check and self.config.verify
+        # Checked here: each checking thread populates its own pieces, so map_s is the
+        # mapping alone and verify_s both; unchecked, the pieces are populated at once.
+        populate = not self.config.verify
         try:
-            found = _map_entry(entry, files, read_only, populate=not deferred)
+            found = _map_entry(entry, files, read_only, populate=populate)
             if found is None:  # absent, or evicted while we looked
                 self._count(misses=1)
                 return None
@@ -250,7 +254,7 @@ class RamTier:
             if deferred and any(f.checksums is None for f in meta):
                 deferred = False
             if self.config.verify and not deferred:
-                checked = check_files(meta, buffers)
+                checked = check_files(meta, buffers, populate=True)
                 if checked != meta:
                     self.record_checksums(manifest_digest, meta, checked)
                     meta = checked
@@ -435,5 +439,9 @@ def _map_entry(
         return None
     if [(f.path, f.data_bytes) for f in meta] != [(f.path, f.data_bytes) for f in files]:
         raise BadEntry("its files differ from the manifest's")
-    buffers = map_all(entry, meta, read_only=read_only, populate=populate)
-    return None if buffers is None else (meta, buffers)
+    buffers = map_all(entry, meta, read_only=read_only, populate=False)
+    if buffers is None:
+        return None
+    if populate:
+        populate_files(meta, buffers)
+    return meta, buffers

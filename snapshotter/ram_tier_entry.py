@@ -181,21 +181,43 @@ def populate_pages(buf: torch.Tensor, name: str) -> None:
         raise BadEntry(f"{name} cannot be read: {exc.strerror}") from None
 
 
-def check_files(meta: Sequence[TierFile], buffers: Sequence[torch.Tensor]) -> list[TierFile]:
+def populate_files(meta: Sequence[TierFile], buffers: Sequence[torch.Tensor]) -> None:
+    """``populate_pages`` for every file's pieces, at once on the usable CPUs (the
+    kernel's page-table work for one piece does not wait for another's)."""
+    tasks = [(i, begin, end) for i, f in enumerate(meta) for begin, end in f.pieces()]
+    run_each(
+        tasks,
+        lambda t: populate_pages(buffers[t[0]][t[1] : t[2]], meta[t[0]].path),
+        "thaw-tier-populate",
+    )
+
+
+def check_files(
+    meta: Sequence[TierFile], buffers: Sequence[torch.Tensor], *, populate: bool = False
+) -> list[TierFile]:
     """Check every file's bytes against its recorded checksums (a format-1 file: its
     blake3 digest); raise ``BadEntry`` naming the first (in order) that differs.
 
     Pieces are checked at once, a thread each up to the CPUs this process may use
     (xxh3 and blake3 release the GIL): a hit waits for about its bytes divided by
-    the CPUs' rate, even for a model in one file. Returns the files with every
-    checksum recorded: a format-1 file gains the checksums of its bytes, just
-    proved by the digest.
+    the CPUs' rate, even for a model in one file. With ``populate`` each thread maps
+    its piece's pages (``populate_pages``) before checking them, so the page-table
+    work is shared between the CPUs too instead of done in one call before. Returns
+    the files with every checksum recorded: a format-1 file gains the checksums of
+    its bytes, just proved by the digest.
     """
     if len(meta) != len(buffers):
         raise ValueError(f"{len(meta)} files but {len(buffers)} buffers")
     tasks = [(i, begin, end) for i, f in enumerate(meta) for begin, end in _check_units(f)]
     views = [bytes_view(b) for b in buffers]
-    run_each(tasks, lambda t: check_piece(meta[t[0]], views[t[0]], t[1], t[2]), "thaw-tier-check")
+
+    def check(task: tuple[int, int, int]) -> None:
+        i, begin, end = task
+        if populate:
+            populate_pages(buffers[i][begin:end], meta[i].path)
+        check_piece(meta[i], views[i], begin, end)
+
+    run_each(tasks, check, "thaw-tier-check")
     return [f if f.checksums is not None else _recorded(f, views[i]) for i, f in enumerate(meta)]
 
 

@@ -10,6 +10,7 @@ mapped by one process only counts as private dirty.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -82,6 +83,25 @@ def test_a_hit_is_populated_in_one_call_without_verify(
     # Every page is mapped already (no fault left for the first forward pass) ...
     assert used["Rss"] * 1024 >= tensors.report.tensor_bytes
     # ... and none of them is this process's own copy.
+    assert used["Anonymous"] == 0
+    assert_same_tensors(tensors, expected_tensors(llama_dir))
+
+
+def test_a_checked_hit_is_populated_by_its_checks(
+    tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig
+) -> None:
+    # With verify on, the threads that check the pieces map their pages first: every
+    # byte counted as checked, every page mapped, and still none this process's own.
+    checked = dataclasses.replace(tier_config, verify=True)
+    registry = Registry(LocalStore(tmp_path / "store"))
+    digest = push(registry, llama_dir, "llama:v1")
+    cache = DiskCache(CacheConfig(tmp_path / "cache"))
+    Snapshotter(registry, cache, ram_tier=RamTier(checked)).load(digest)
+    tensors = Snapshotter(registry, cache, ram_tier=RamTier(checked)).load(digest)
+    assert tensors.report.ram_tier_bytes == tensors.report.tensor_bytes
+    assert tensors.report.verify_decompress.bytes == tensors.report.tensor_bytes
+    used = tier_mapping_kb(checked.directory)
+    assert used["Rss"] * 1024 >= tensors.report.tensor_bytes
     assert used["Anonymous"] == 0
     assert_same_tensors(tensors, expected_tensors(llama_dir))
 
