@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from bench import coldstart, load
-from bench._coldstart_model import ROWS
+from bench._coldstart_model import OVERHEAD_FIXED_S, ROWS, WARM_CALLS
 from bench._user_model import BadInput, Room, check_adapter, check_model, room_problem
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,9 +176,14 @@ def test_coldstart_on_a_users_model_reports_every_row(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(proc.stdout)
-    assert set(doc["scenarios"]) == set(ROWS)
+    assert set(doc["scenarios"]) == {*ROWS, "thaw_warm"}
     for key, s in doc["scenarios"].items():
-        assert s["n"] == 1 and s["median_s"] > 0, key
+        assert s["n"] == (WARM_CALLS if key == "thaw_warm" else 1) and s["median_s"] > 0, key
+    # The RAM-tier pool hit's cost over a warm call, against a budget from this run's memcpy.
+    over = doc["overhead"]
+    assert over["memcpy_gb_per_s"] > 0 and over["budget_s"] > OVERHEAD_FIXED_S
+    assert over["overhead_s"] == pytest.approx(over["cold_median_s"] - over["warm_median_s"])
+    assert doc["ratios"][-1]["value"] == over["overhead_s"]
     assert {"imports_s", "load_s", "forward_s"} <= set(doc["scenarios"]["naive"]["phases_ms"])
     for key in ("thaw_pool_hit", "thaw_pool_miss", "thaw_ram_tier"):
         phases = doc["scenarios"][key]["phases_ms"]
