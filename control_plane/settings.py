@@ -11,7 +11,7 @@
 | cache_dir                  | THAW_CACHE_DIR               | <home>/cache         |
 | cache_max_bytes            | THAW_CACHE_MAX_BYTES         | 64 GiB               |
 | cache_min_free_bytes       | THAW_CACHE_MIN_FREE_BYTES    | 64 MiB (less free on the cache disk: worker unhealthy) |
-| ram_tier_dir               | THAW_RAM_TIER_DIR            | /dev/shm/thaw-<home hash> |
+| ram_tier_dir               | THAW_RAM_TIER_DIR            | /dev/shm/thaw-<home hash> (removed by the home's last worker to stop; a set one never is) |
 | ram_tier_max_bytes         | THAW_RAM_TIER_MAX_BYTES      | 25% of RAM (0: off)  |
 | ram_tier_verify            | THAW_RAM_TIER_VERIFY         | true (checksum on read) |
 | chunk_size_bytes           | THAW_CHUNK_SIZE_BYTES        | 8 MiB                |
@@ -199,8 +199,20 @@ class Settings(BaseSettings):
         )
 
     def ram_tier_config(self) -> RamTierConfig:
-        """The host-RAM tier; every process with the same home shares the default one."""
+        """The host-RAM tier; every process with the same home shares the default one.
+
+        Who removes the directory:
+
+        - the default (``/dev/shm/thaw-<home hash>``, or ``<home>/ram-tier`` without
+          ``/dev/shm``) is thaw's: the workers of this home share it, and the last
+          one to stop removes it, so a stopped installation holds no RAM. A worker
+          killed before it could (SIGKILL, a crash) leaves it to the next worker of
+          the home. To keep the weights across worker restarts, set ``ram_tier_dir``.
+        - ``ram_tier_dir`` set is the user's: no worker removes it, however many
+          workers share it or stop.
+        """
         directory = self.ram_tier_dir
+        chosen_by_thaw = directory is None
         if directory is None:
             home_hash = hashlib.sha256(str(self.home.resolve()).encode()).hexdigest()[:12]
             shm = _SHM_DIR if _SHM_DIR.is_dir() else None
@@ -209,7 +221,12 @@ class Settings(BaseSettings):
         if max_bytes is None:
             phys_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
             max_bytes = int(phys_bytes * _RAM_TIER_DEFAULT_FRACTION)
-        return RamTierConfig(directory=directory, max_bytes=max_bytes, verify=self.ram_tier_verify)
+        return RamTierConfig(
+            directory=directory,
+            max_bytes=max_bytes,
+            verify=self.ram_tier_verify,
+            remove_when_unused=chosen_by_thaw,
+        )
 
     def loader_config(self) -> LoaderConfig:
         return LoaderConfig(

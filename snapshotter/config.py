@@ -59,9 +59,12 @@ class RamTierConfig:
     ``directory`` should be on a tmpfs (``/dev/shm/...``) so entries live in RAM
     and every process on the worker shares them; ``max_bytes`` caps the bytes
     held (0 disables the tier); ``verify`` checks an entry's bytes on every read
-    against the checksums recorded when it was written.
+    against the checksums recorded when it was written. ``remove_when_unused``:
+    the directory belongs to the workers using it, and the last one to stop
+    removes it (``snapshotter.ram_tier_users``); off, nothing of thaw removes it.
     """
 
     directory: Path
     max_bytes: int = 8 << 30
     verify: bool = True
+    remove_when_unused: bool = False

@@ -17,6 +17,7 @@ from control_plane import fingerprints, heap
 from control_plane.settings import Settings
 from control_plane.tracing import tracing_config
 from snapshotter.ram_tier import RamTier
+from snapshotter.ram_tier_users import TierUser
 from snapshotter.registry import Registry
 from snapshotter.stores import open_store
 from worker.agent import Agent, AgentConfig, worker_id
@@ -152,7 +153,8 @@ def _docker_runtime(settings: Settings, config: AgentConfig) -> Runtime:
 
 
 def serve(settings: Settings) -> None:
-    """Run an agent in this process until SIGINT or SIGTERM; then stop cleanly."""
+    """Run an agent in this process until SIGINT or SIGTERM; then stop cleanly, and
+    remove the home's default RAM tier when no other worker uses it."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -160,12 +162,24 @@ def serve(settings: Settings) -> None:
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    tier_user: TierUser | None = None
     try:
+        tier_user = _join_ram_tier(settings)
         agent = build_agent(settings)
         if all(d.kind == "cpu" for d in agent.devices):
             log.warning("no CUDA device found: functions on this worker run on the CPU")
         heap.freeze()  # torch and the agent's parts, imported and built by now
-        agent.run(stop)
+        agent.run(stop)  # returns once the replicas are stopped
     finally:
+        if tier_user is not None and tier_user.leave():
+            log.info("removed the RAM tier %s: no other worker uses it", tier_user.directory)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _join_ram_tier(settings: Settings) -> TierUser | None:
+    """Count this worker among the users of a tier it removes when it stops last."""
+    config = settings.ram_tier_config()
+    if config.max_bytes <= 0 or not config.remove_when_unused:
+        return None
+    return TierUser.join(config.directory)

@@ -9,6 +9,7 @@ their tails for assertion messages.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
+
+from control_plane.settings import Settings
 
 START_TIMEOUT_S = 90.0
 
@@ -168,6 +171,13 @@ class Stack:
     def stop(self) -> None:
         for proc in reversed(self.procs):  # workers first: they stop their replicas
             proc.stop()
+        # The home's last worker to stop removes its default RAM tier; a worker killed
+        # (SIGKILL, or past its stop grace) leaves it behind, as a crash would.
+        shutil.rmtree(self.default_ram_tier(), ignore_errors=True)
+
+    def default_ram_tier(self) -> Path:
+        """The RAM tier the workers use unless ``settings`` sets THAW_RAM_TIER_DIR."""
+        return Settings(home=self.root / "home", ram_tier_dir=None).ram_tier_config().directory
 
     # --- API ---------------------------------------------------------------------
     def client(self, timeout_s: float = 120.0) -> httpx.Client:

@@ -416,6 +416,13 @@ def test_default_ram_tier_is_shared_memory_named_by_home(tmp_path: Path) -> None
     physical_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert a.max_bytes == physical_bytes // 4
     assert a.verify
+    assert a.remove_when_unused  # thaw chose it: the home's last worker removes it
+
+
+def test_a_ram_tier_directory_set_by_the_user_is_never_removed_by_thaw(tmp_path: Path) -> None:
+    config = Settings(home=tmp_path, ram_tier_dir=tmp_path / "mine").ram_tier_config()
+    assert config.directory == tmp_path / "mine"
+    assert not config.remove_when_unused
 
 
 @pytest.mark.gpu
