@@ -19,10 +19,11 @@ runs ``from_pretrained``, starts the same engine and produces the first token
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +75,15 @@ def installation(
     code.mkdir(parents=True, exist_ok=True)
     (code / "thaw.toml").write_text("")  # an LLM function's bundle holds only its spec
     bundle = push_directory(code, "bundles/bench-llm:v1", registry, kind=ArtifactKind.BUNDLE)
+    tier = Path("/dev/shm") / f"thaw-bench-llm-{root.name}"
     worker_env = {
         "THAW_CACHE_DIR": str(root / "cache"),
-        "THAW_RAM_TIER_DIR": str(Path("/dev/shm") / f"thaw-bench-llm-{root.name}"),
+        "THAW_RAM_TIER_DIR": str(tier),  # set, so no worker removes it: the bench does
         "THAW_RAM_TIER_MAX_BYTES": str(RAM_TIER_BYTES),
     }
-    with running(root / "stack", str(store), worker_env) as stack:
+    with ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, tier, ignore_errors=True)
+        stack = cleanup.enter_context(running(root / "stack", str(store), worker_env))
         warm = {"min_replicas": 1, "max_replicas": 1, "target_concurrency": max_streams}
         stack.deploy(
             _spec(FUNCTION, bundle.digest, sizes, {**warm, "idle_timeout_s": 3600}, device)
