@@ -84,6 +84,8 @@ def _print_check(check: TierCheck) -> None:
         )
     verdict = "[green]ok[/green]" if check.ok else f"[red]{len(check.damaged)} damaged[/red]"
     recorded = f", {check.recorded} older entries given checksums" if check.recorded else ""
+    if check.older:
+        recorded += f", {check.older} older entries left for the next load to record"
     out.print(
         f"{check.tier}: {check.entries} entries, {human_bytes(check.bytes_checked)} "
         f"re-hashed{recorded}, {verdict}",

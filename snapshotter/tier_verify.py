@@ -12,14 +12,16 @@ tiers hold with blake3 against the digests that name the content::
                 each chunk's bytes in it == the chunk digest the manifest gives
 
 A damaged entry is dropped (the next load fetches those bytes again and
-writes them back); a sound entry from an older thaw, which recorded no
-checksum, gets one. Entries are read while loads go on beside it: an entry
-evicted meanwhile is skipped, and a dropped one is only a future miss.
+writes them back). A sound entry from an older thaw, which recorded no
+checksum, gets one in the RAM tier; in the disk cache it is left as it is and
+counted: the next load that reads it records it, because only a load knows
+where in a page its bytes go, and so writes it to be mapped, not read
+(``cache_entry.payload_offset``). Entries are read while loads go on beside it:
+an entry evicted meanwhile is skipped, and a dropped one is only a future miss.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -31,8 +33,6 @@ from snapshotter.load_plan import plan_load
 from snapshotter.manifest import Manifest
 from snapshotter.ram_tier import RamTier
 from snapshotter.ram_tier_entry import BadEntry, bytes_view, check_files, map_all, read_meta
-
-log = logging.getLogger(__name__)
 
 # A cache entry claiming more than this is damaged, not a buffer to allocate.
 _MAX_CHUNK_BYTES = 1 << 30
@@ -54,6 +54,7 @@ class TierCheck:
     entries: int = 0
     bytes_checked: int = 0
     recorded: int = 0  # older entries that now record their checksums
+    older: int = 0  # older disk-cache entries, sound, left for a load to record
     damaged: list[Damaged] = field(default_factory=list)
 
     @property
@@ -81,7 +82,7 @@ def verify_cache(cache: DiskCache, progress: Progress = lambda n: None) -> TierC
 
 
 def _check_cache_entry(cache: DiskCache, digest: str, data: bytes, check: TierCheck) -> str | None:
-    """Why the entry is damaged, or None; records the checksum of a sound older entry."""
+    """Why the entry is damaged, or None; counts a sound older entry."""
     raw_size = codec.HEADER.unpack_from(data)[2] if len(data) >= codec.HEADER_SIZE else 0
     if raw_size > _MAX_CHUNK_BYTES:
         return f"its header claims {raw_size} bytes"
@@ -93,11 +94,7 @@ def _check_cache_entry(cache: DiskCache, digest: str, data: bytes, check: TierCh
     if digest_bytes(raw) != digest:
         return "its bytes do not match the digest"
     if header.checksum is None:
-        try:
-            cache.record(digest, raw)
-            check.recorded += 1
-        except SnapshotterError as exc:
-            log.warning("cached chunk %s not recorded: %s", digest, exc)
+        check.older += 1
     elif checksum_bytes(raw) != header.checksum:
         return "its recorded checksum is wrong"
     return None

@@ -78,8 +78,8 @@ def test_sound_tiers_pass_and_progress_covers_every_byte(
     assert sum(seen) == check.bytes_checked == tier.inventory().total_bytes
 
 
-def test_damaged_cache_entries_are_named_and_dropped_older_ones_recorded(
-    tmp_path: Path, loaded: tuple[Registry, str]
+def test_damaged_cache_entries_are_named_and_dropped_older_ones_left_for_a_load(
+    tmp_path: Path, loaded: tuple[Registry, str], llama_dir: Path
 ) -> None:
     cache = _cache(tmp_path)
     big = sorted((d for d, e in cache.entries().items() if e.size_bytes > 64), reverse=True)
@@ -95,13 +95,21 @@ def test_damaged_cache_entries_are_named_and_dropped_older_ones_recorded(
     cache = _cache(tmp_path)
     check = verify_cache(cache)
     assert {d.digest for d in check.damaged} == {flipped, cut, bad_checksum, older_bad}
-    assert check.recorded == 1
+    assert check.recorded == 0 and check.older == 1
     for d in (flipped, cut, bad_checksum, older_bad):
         assert d not in cache and not cache.path(d).exists()
+    # The sound older entry is left as it was, for a load to record ...
+    assert cache.path(older).read_bytes()[:4] == codec.MAGIC
+    assert verify_cache(_cache(tmp_path)).ok  # what is left is sound
+
+    # ... which writes it as a load writes an entry, with its checksum.
+    registry, digest = loaded
+    tensors = Snapshotter(registry, _cache(tmp_path)).load(digest)
+    assert_same_tensors(tensors, expected_tensors(llama_dir))
     raw = cache.path(older).read_bytes()[entry_payload_at(cache.path(older)) :]
     assert cache.path(older).read_bytes()[:4] == cache_entry.MAGIC
     assert digest_bytes(raw) == older
-    assert verify_cache(_cache(tmp_path)).ok  # what is left is sound
+    assert verify_cache(_cache(tmp_path)).older == 0
 
 
 def test_bytes_wrong_when_the_tier_recorded_them_are_caught_by_the_digests(
