@@ -217,18 +217,11 @@ def cold_row(env: Env, row: str) -> tuple[sc.Sample, list[sc.Sample]]:
 
 
 def memcpy_bandwidth(nbytes: int, trials: int = MEMCPY_TRIALS) -> float:
-    """Bytes per second copying ``nbytes`` from RAM into fresh memory (``bench/load.py``'s
-    memcpy ceiling, measured here so the budget and the cold starts share a run)."""
-    import torch
+    """Bytes per second copying ``nbytes`` from RAM into fresh memory: ``bench/load.py``'s
+    memcpy ceiling, measured here so the budget and the cold starts share a run."""
+    from bench._load_methods import method_memcpy
 
-    src = torch.ones(nbytes, dtype=torch.uint8)  # ones, not empty: its pages must exist
-    times = []
-    for _ in range(trials):
-        start = time.perf_counter()
-        dst = torch.empty(nbytes, dtype=torch.uint8)
-        dst.copy_(src)
-        times.append(time.perf_counter() - start)
-        del dst
+    times = [method_memcpy({"total_bytes": nbytes}).span.load_s for _ in range(trials)]
     return nbytes / statistics.median(times)
 
 
@@ -249,9 +242,8 @@ def overhead(
     }
 
 
-def overhead_ratio(doc: dict[str, Any]) -> dict[str, Any]:
-    """``overhead`` as a row of the targets table (seconds, lower is better)."""
-    o = doc["overhead"]
+def overhead_ratio(o: dict[str, Any]) -> dict[str, Any]:
+    """An ``overhead`` as a row of the targets table (seconds, lower is better)."""
     name = (
         f"RAM-tier pool hit - warm call, s (<= {OVERHEAD_COPIES:g} x weights / memcpy "
         f"{o['memcpy_gb_per_s']:.2f} GB/s + {OVERHEAD_FIXED_S:g} s)"
@@ -277,13 +269,11 @@ def measure(run: ModelRun, say: Callable[[str], None], step: Callable[[], None])
     scenarios = {k: report.sample_summary(v) for k, v in samples.items()}
     for key, s in scenarios.items():
         s["label"] = report.LABELS[key]
-    doc: dict[str, Any] = {
-        "scenarios": scenarios,
-        "overhead": overhead(cold[WARM_AFTER], warm, env.model.weight_bytes, bytes_per_s),
-    }
+    over = overhead(cold[WARM_AFTER], warm, env.model.weight_bytes, bytes_per_s)
     return {
-        **doc,
-        "ratios": [*report.ratios(scenarios, TARGETS), overhead_ratio(doc)],
+        "scenarios": scenarios,
+        "overhead": over,
+        "ratios": [*report.ratios(scenarios, TARGETS), overhead_ratio(over)],
         "model": {
             "directory": str(env.model.root),
             "bytes": env.model.weight_bytes,

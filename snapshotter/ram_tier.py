@@ -254,7 +254,7 @@ class RamTier:
             if deferred and any(f.checksums is None for f in meta):
                 deferred = False
             if self.config.verify and not deferred:
-                checked = check_files(meta, buffers, populate=True)
+                checked = check_files(meta, buffers)
                 if checked != meta:
                     self.record_checksums(manifest_digest, meta, checked)
                     meta = checked
@@ -439,7 +439,7 @@ def _map_entry(
         return None
     if [(f.path, f.data_bytes) for f in meta] != [(f.path, f.data_bytes) for f in files]:
         raise BadEntry("its files differ from the manifest's")
-    buffers = map_all(entry, meta, read_only=read_only, populate=False)
+    buffers = map_all(entry, meta, read_only=read_only)
     if buffers is None:
         return None
     if populate:

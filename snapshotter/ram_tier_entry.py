@@ -111,13 +111,13 @@ def read_meta(entry: Path) -> list[TierFile] | None:
 
 
 def map_all(
-    entry: Path, meta: Sequence[TierFile], *, read_only: bool = False, populate: bool = True
+    entry: Path, meta: Sequence[TierFile], *, read_only: bool = False
 ) -> list[torch.Tensor] | None:
-    """Mappings of every data file (``map_file``); None if one has vanished (evicted
+    """Mappings of every data file (``map_file``), not yet populated (``populate_files``
+    and ``check_files`` populate them on every CPU); None if one has vanished (evicted
     meanwhile).
 
-    Raises ``BadEntry`` when a data file's size differs from its meta.json's, or
-    its pages cannot be read.
+    Raises ``BadEntry`` when a data file's size differs from its meta.json's.
     """
     buffers: list[torch.Tensor] = []
     for i, f in enumerate(meta):
@@ -129,7 +129,7 @@ def map_all(
             size_bytes = path.stat().st_size
             if size_bytes != f.data_bytes:
                 raise BadEntry(f"{f.path} holds {size_bytes} bytes, expected {f.data_bytes}")
-            buffers.append(map_file(path, f.data_bytes, read_only=read_only, populate=populate))
+            buffers.append(map_file(path, f.data_bytes, read_only=read_only, populate=False))
         except (OSError, ValueError):  # gone (evicted meanwhile), or shrunk since the stat
             return None
     return buffers
@@ -192,17 +192,15 @@ def populate_files(meta: Sequence[TierFile], buffers: Sequence[torch.Tensor]) ->
     )
 
 
-def check_files(
-    meta: Sequence[TierFile], buffers: Sequence[torch.Tensor], *, populate: bool = False
-) -> list[TierFile]:
+def check_files(meta: Sequence[TierFile], buffers: Sequence[torch.Tensor]) -> list[TierFile]:
     """Check every file's bytes against its recorded checksums (a format-1 file: its
     blake3 digest); raise ``BadEntry`` naming the first (in order) that differs.
 
     Pieces are checked at once, a thread each up to the CPUs this process may use
     (xxh3 and blake3 release the GIL): a hit waits for about its bytes divided by
-    the CPUs' rate, even for a model in one file. With ``populate`` each thread maps
-    its piece's pages (``populate_pages``) before checking them, so the page-table
-    work is shared between the CPUs too instead of done in one call before. Returns
+    the CPUs' rate, even for a model in one file. Each thread maps its piece's pages
+    (``populate_pages``) before checking them, so the page-table work is shared
+    between the CPUs too. Returns
     the files with every checksum recorded: a format-1 file gains the checksums of
     its bytes, just proved by the digest.
     """
@@ -213,8 +211,7 @@ def check_files(
 
     def check(task: tuple[int, int, int]) -> None:
         i, begin, end = task
-        if populate:
-            populate_pages(buffers[i][begin:end], meta[i].path)
+        populate_pages(buffers[i][begin:end], meta[i].path)
         check_piece(meta[i], views[i], begin, end)
 
     run_each(tasks, check, "thaw-tier-check")
