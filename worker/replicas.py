@@ -145,8 +145,11 @@ class ReplicaManager:
             handle.stop()
             return
         self.bandwidth.observe(handle.loads)
+        # The span ends when the replica was ready, before the report that lets
+        # the call run: read after it, a fast call's span could end first.
+        ready_s = self.clock()
         self._report(msg.replica_id, ReplicaEvent(state="ready", phases_ms=handle.phases_ms))
-        self.tracing.emit(start_replica_spans(msg, handle.phases_ms, self.clock()))
+        self.tracing.emit(start_replica_spans(msg, handle.phases_ms, ready_s))
 
     def _spec(self, msg: StartReplica) -> ReplicaSpec:
         return ReplicaSpec(
