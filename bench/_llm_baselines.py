@@ -8,8 +8,12 @@
                            its own, driven by the same OpenAI client as thaw
 
 A level is ``streams`` requests sent at once; every stream is timed from the level's
-start (``sent``) to its first token and its end, so a request that waits behind
-others (sequential generate) shows the wait in its TTFT. Call ``i`` of a level uses
+start (``sent``) to its first text and its end, so a request that waits behind
+others (sequential generate) shows the wait in its TTFT. The first text, in every
+mode: an OpenAI client sees a token only once it decodes to text (a byte-level
+tokenizer's token can end inside a character, whose text waits for the next), so
+the in-process modes decode incrementally too (``worker.llm.detokenize``), or
+their TTFT would count tokens no client of a server could have shown. Call ``i`` of a level uses
 prompt ``i % len(PROMPTS)`` and sampling seed ``i``.
 """
 
@@ -215,6 +219,7 @@ def engine_levels(
     device: str = "cpu",
 ) -> list[list[Level]]:
     """The engine thaw's LLM functions run, in this process, a thread per stream."""
+    from worker.llm.detokenize import IncrementalDetokenizer
     from worker.llm.engine import Sampling
 
     model, tokenizer = load(model_dir, device)
@@ -225,8 +230,9 @@ def engine_levels(
         sent = time.perf_counter() - t0
         first, tokens = None, 0
         sampling = Sampling(max_new_tokens=n, temperature=1.0, seed=i)
+        detok = IncrementalDetokenizer(tokenizer)
         for step in engine.generate(ids[i % len(ids)], sampling):
-            if step.token_ids and first is None:
+            if first is None and detok.add(step.token_ids):
                 first = time.perf_counter() - t0
             tokens += len(step.token_ids)
         out[i] = StreamTiming(sent, first, time.perf_counter() - t0, tokens)
@@ -252,18 +258,21 @@ def engine_levels(
         engine.close()
 
 
-class _FirstToken:
-    """A ``generate`` streamer that notes when the first new token came."""
+class _FirstText:
+    """A ``generate`` streamer that notes when the new tokens first decoded to text."""
 
-    def __init__(self, t0: float) -> None:
+    def __init__(self, t0: float, tokenizer: Any) -> None:
+        from worker.llm.detokenize import IncrementalDetokenizer
+
         self.t0 = t0
         self.first_s: float | None = None
+        self._detok = IncrementalDetokenizer(tokenizer)
         self._prompt_seen = False
 
     def put(self, value: Any) -> None:
         if not self._prompt_seen:  # generate puts the prompt first
             self._prompt_seen = True
-        elif self.first_s is None:
+        elif self.first_s is None and self._detok.add(value.reshape(-1).tolist()):
             self.first_s = time.perf_counter() - self.t0
 
     def end(self) -> None:
@@ -289,7 +298,7 @@ def generate_levels(
         out = []
         for i in range(streams):
             ids = tokenizer(prompt(i), return_tensors="pt").input_ids.to(device)
-            streamer = _FirstToken(t0)
+            streamer = _FirstText(t0, tokenizer)
             torch.manual_seed(i)
             with torch.inference_mode():
                 gen = model.generate(

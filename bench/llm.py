@@ -19,10 +19,11 @@ as an LLM function with the sizes given, which the in-process engine gets too. W
 
 Each stream is a streamed completion with usage (thaw, ``transformers serve``) or a
 generate call (in-process), timed on the client: TTFT from the level's start to the
-first token, TPOT the mean gap after it; a level's tokens/s is its completion tokens
-over the time from its start to its last stream's end; goodput is the share of its
-streams within both SLOs. Every figure is the median over rounds; each mode has a
-warm-up call first. How the baselines run: ``bench._llm_baselines``.
+first text (in-process too: tokens decoded as they come), TPOT the mean gap after
+it; a level's tokens/s is its completion tokens over the time from its start to its
+last stream's end; goodput is the share of its streams within both SLOs. Every
+figure is the median over rounds; each mode has a warm-up call first. How the
+baselines run: ``bench._llm_baselines``.
 """
 
 from __future__ import annotations

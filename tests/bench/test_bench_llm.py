@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench._llm_baselines import StreamTiming
+from bench._llm_baselines import StreamTiming, _FirstText
 from bench.llm import (
     ENGINE,
     GENERATE,
@@ -40,6 +40,20 @@ def test_a_level_gives_tokens_per_s_ttft_tpot_and_goodput_medians_over_rounds() 
     assert row["tokens"] == pytest.approx(19.5)
     # goodput (TTFT <= 250 ms, TPOT <= 150 ms): round one 1 of 2, round two 2 of 2
     assert row["goodput"] == pytest.approx(0.75)
+
+
+def test_generate_s_first_text_waits_for_a_cut_character_to_be_whole() -> None:
+    from examples.build_model import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    ids = tokenizer.encode("🙂 ok", add_special_tokens=False)
+    streamer = _FirstText(0.0, tokenizer)
+    streamer.put(torch.tensor([[1, 2, 3]]))  # the prompt: never text of the completion
+    streamer.put(torch.tensor([ids[0]]))  # the emoji's first bytes: no text yet
+    assert streamer.first_s is None
+    for i in ids[1:]:
+        streamer.put(torch.tensor([i]))
+    assert streamer.first_s is not None
 
 
 def test_a_stream_with_no_text_has_no_ttft_and_the_table_shows_a_dash() -> None:
