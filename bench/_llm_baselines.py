@@ -13,8 +13,8 @@ others (sequential generate) shows the wait in its TTFT. The first text, in ever
 mode: an OpenAI client sees a token only once it decodes to text (a byte-level
 tokenizer's token can end inside a character, whose text waits for the next), so
 the in-process modes decode incrementally too (``worker.llm.detokenize``), or
-their TTFT would count tokens no client of a server could have shown. Call ``i`` of a level uses
-prompt ``i % len(PROMPTS)`` and sampling seed ``i``.
+their TTFT would count tokens no client of a server could have shown. Call ``i`` of
+a level uses prompt ``i % len(PROMPTS)`` and sampling seed ``i``.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from cli.loadtest_llm import PROMPTS
+from worker.llm.detokenize import IncrementalDetokenizer
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,6 @@ def engine_levels(
     device: str = "cpu",
 ) -> list[list[Level]]:
     """The engine thaw's LLM functions run, in this process, a thread per stream."""
-    from worker.llm.detokenize import IncrementalDetokenizer
     from worker.llm.engine import Sampling
 
     model, tokenizer = load(model_dir, device)
@@ -262,8 +262,6 @@ class _FirstText:
     """A ``generate`` streamer that notes when the new tokens first decoded to text."""
 
     def __init__(self, t0: float, tokenizer: Any) -> None:
-        from worker.llm.detokenize import IncrementalDetokenizer
-
         self.t0 = t0
         self.first_s: float | None = None
         self._detok = IncrementalDetokenizer(tokenizer)

@@ -129,17 +129,15 @@ def map_all(
             size_bytes = path.stat().st_size
             if size_bytes != f.data_bytes:
                 raise BadEntry(f"{f.path} holds {size_bytes} bytes, expected {f.data_bytes}")
-            buffers.append(map_file(path, f.data_bytes, read_only=read_only, populate=False))
+            buffers.append(map_file(path, f.data_bytes, read_only=read_only))
         except (OSError, ValueError):  # gone (evicted meanwhile), or shrunk since the stat
             return None
     return buffers
 
 
-def map_file(
-    path: Path, nbytes: int, *, read_only: bool = False, populate: bool = True
-) -> torch.Tensor:
-    """A CPU uint8 tensor over a data file's tmpfs pages (no copy), populated in one call
-    (``populate``; a read-only mapping may be left to ``populate`` by pieces).
+def map_file(path: Path, nbytes: int, *, read_only: bool = False) -> torch.Tensor:
+    """A CPU uint8 tensor over a data file's tmpfs pages (no copy), not yet populated
+    (``populate_pages``, by pieces on every CPU: ``populate_files``, ``check_files``).
 
     ``read_only=False`` (tensors handed to the function): ``MAP_PRIVATE``,
     readable and writable; a write copies the page it touches (copy-on-write).
@@ -160,10 +158,7 @@ def map_file(
     with warnings.catch_warnings():
         # A read-only buffer: torch warns that it has no read-only tensors; see above.
         warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)
-        buf = torch.frombuffer(mapped, dtype=torch.uint8)
-    if populate:
-        populate_pages(buf, path.name)
-    return buf
+        return torch.frombuffer(mapped, dtype=torch.uint8)
 
 
 def populate_pages(buf: torch.Tensor, name: str) -> None:
