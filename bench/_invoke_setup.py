@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from bench._common import PRODUCTION_ENV
 from tests.e2e.stack import Backend, Stack, reachable
 
 FUNCTION = "noop"
@@ -33,16 +34,6 @@ BUNDLE_REF = "bundles/bench-noop:v1"
 REDIS_ADDR = ("127.0.0.1", 6379)
 PG_ADDR = ("127.0.0.1", 5432)
 BROKERS = ("filesystem", "redis")
-# The end-to-end tests' Stack shortens every interval (heartbeat 0.5 s, a worker
-# lost after 2 s) to make tests quick; under a saturating load that loses the
-# worker. The bench runs with the production defaults (control_plane/settings.py).
-PRODUCTION_ENV = {
-    "THAW_HEARTBEAT_INTERVAL_S": "5",
-    "THAW_WORKER_LOST_AFTER_HEARTBEATS": "3",
-    "THAW_RECONCILE_INTERVAL_S": "0.5",
-    "THAW_RESULT_POLL_INTERVAL_S": "0.25",
-    "THAW_BROKER_POLL_INTERVAL_S": "0.02",
-}
 
 # The function under test: returns its input. The bench also imports this very
 # file to call the same function object in-process (the baseline).

@@ -2,7 +2,8 @@
 function, and the LLM cold start from zero against a naive one.
 
 The installation is a server and one worker (SQLite, the filesystem broker, a scratch
-store and cache, a 1 GiB RAM tier) with two LLM functions on the model:
+store and cache, a 1 GiB RAM tier, the server's default intervals: ``PRODUCTION_ENV``)
+with two LLM functions on the model:
 
     bench-llm        one replica kept warm, taking every stream (its engine queues past
                      ``max_num_seqs``, as the in-process engine does): the stream levels
@@ -29,7 +30,7 @@ from typing import Any
 
 from bench._coldstart_scenarios import wait_ready_replica
 from bench._coldstart_setup import BenchStack, running
-from bench._common import emit_result, run_fresh_process
+from bench._common import PRODUCTION_ENV, emit_result, run_fresh_process
 from bench._llm_baselines import load, make_engine
 
 FUNCTION = "bench-llm"
@@ -77,6 +78,7 @@ def installation(
     bundle = push_directory(code, "bundles/bench-llm:v1", registry, kind=ArtifactKind.BUNDLE)
     tier = Path("/dev/shm") / f"thaw-bench-llm-{root.name}"
     worker_env = {
+        **PRODUCTION_ENV,  # every process: the server's intervals as a user gets them
         "THAW_CACHE_DIR": str(root / "cache"),
         "THAW_RAM_TIER_DIR": str(tier),  # set, so no worker removes it: the bench does
         "THAW_RAM_TIER_MAX_BYTES": str(RAM_TIER_BYTES),
