@@ -111,7 +111,7 @@ class Activator:
                     call_id, live, keepalive_s, deadline_at
                 )
             finally:
-                live.reader_gone = True
+                live.leave()
             if ended:
                 return
         yield from self._stream_recorded(call_id, last_seq, keepalive_s)
@@ -133,7 +133,7 @@ class Activator:
                 async for batch in self._astream_live(call_id, live, state):
                     yield batch
             finally:
-                live.reader_gone = True
+                live.leave()
             if state.ended:
                 return
             last_seq = state.last_seq
@@ -154,7 +154,8 @@ class Activator:
                     view = await anyio.to_thread.run_sync(self._read, call_id)
                 batch += state.finish(view)
             if batch:
-                yield batch
+                yield batch  # resumed: the batch went out (the reader wants the next)
+                live.shown()
             if end is not None:
                 return
 
@@ -203,6 +204,8 @@ class Activator:
             item = live.get(state.wait_s(self.s.clock()))
             outputs, end = state.take([] if item is None else [item], self.s.clock())
             yield from outputs
+            if outputs:
+                live.shown()
             if end is not None:
                 if end.kind == "final":
                     view = end.data if isinstance(end.data, CallView) else self._read(call_id)

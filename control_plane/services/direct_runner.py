@@ -118,11 +118,13 @@ class DirectRunner:
                     ended = True
                     counter.labels(claim.function, "ran").inc()
                 if live is not None and _handed(live, ev):
+                    arrived = self.s.clock()
                     _put_outputs(live, ev)  # to the reader first, then to the record
                     if first_recorded:
                         kept.append(ev)
-                    else:  # the first output is recorded at once: its time is the call's
-                        self._record(claim, [*pending, ev])
+                    else:  # the first output is recorded once its reader passed it on
+                        live.wait_shown()  # (``live_outputs``), with the time it came
+                        self._record(claim, [*pending, ev], at=arrived)
                         pending.clear()
                         first_recorded = True
                 elif ev.kind == "started" and live is not None and live.wanted:
@@ -178,14 +180,21 @@ class DirectRunner:
     def _has_port(self, claim: Claim) -> bool:
         return self.s.direct is not None and bool(claim.data_addr and claim.data_token)
 
-    def _record(self, claim: Claim, events: list[CallEvent]) -> CallView | None:
-        return self._record_events(claim.function, claim.call_id, events, claim.row)
+    def _record(
+        self, claim: Claim, events: list[CallEvent], at: float | None = None
+    ) -> CallView | None:
+        return self._record_events(claim.function, claim.call_id, events, claim.row, at)
 
     def _record_events(
-        self, function: str, call_id: str, events: list[CallEvent], row: Call | None
+        self,
+        function: str,
+        call_id: str,
+        events: list[CallEvent],
+        row: Call | None,
+        at: float | None = None,
     ) -> CallView | None:
         """Record events in order, in one transaction; the call as it ended when one
-        ended it."""
+        ended it. ``at``: when the events came (else as each is recorded)."""
         final = any(ev.kind in FINAL_CALL_EVENTS for ev in events)
         kick = False
         with self.lock, self.s.db.session() as session:
@@ -193,7 +202,7 @@ class DirectRunner:
                 session.add(row)  # as dispatched, detached since: no read, no copy
             try:
                 for ev in events:
-                    now = self.s.clock()
+                    now = self.s.clock() if at is None else at
                     kick = calls.record_event(session, self.s.metrics, now, call_id, ev) or kick
                     batching.observe(self.s.metrics, function, ev)
             except ConflictError:

@@ -9,17 +9,22 @@ run hands each chunk to the reader here instead::
 
     runner                                    reader
       open(id)  before the run starts           attach(id) → LiveCall, or None: read
-      first output: recorded, then put            the database as before
-      later outputs: put, kept to record        get() → output (seq, chunk)
+      first output: put; once shown, recorded    the database as before
+      later outputs: put, kept to record        get() → output (seq, chunk); shown()
       final: the kept outputs and the end         final: read the call's end
         recorded in one transaction, then put     fallback: read the database from
       end(id): fallback, unless final was put       the last seq it gave
 
-Nothing is only in memory once the run is over: the first output is recorded at
-once (the call's first-output time stays exact), the rest with the final event
-or, if the run stops without one (connection lost, port gone), when it stops.
-Until then another reader of the same call (``GET /v1/calls/{id}``) sees the
-first output only.
+Nothing is only in memory once the run is over: the first output is recorded as
+soon as the reader has passed it on (``shown``, or ``FIRST_SHOWN_WAIT_S`` at most),
+with the time it arrived (the call's first-output time stays exact); the rest with
+the final event or, if the run stops without one (connection lost, port gone), when
+it stops. Until then another reader of the same call (``GET /v1/calls/{id}``) sees
+the first output only.
+
+Why the first record waits: it is a transaction, a few milliseconds of Python, and
+the reader needs the interpreter for as long to write the first token to its
+client. Recorded first, the record's time is added to every stream's TTFT.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
+
+# How long a run waits for its reader to pass the first output on before it records
+# it anyway (a reader slower than this is not waiting for the record: it is busy).
+FIRST_SHOWN_WAIT_S = 0.05
 
 LiveKind = Literal["output", "final", "fallback"]
 
@@ -52,6 +61,7 @@ class LiveCall:
         self._cond = threading.Condition()
         self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
         self._ended = False
+        self._shown = threading.Event()  # the reader passed an output on, or left
         self.attached = False
         self.reader_gone = False  # the reader left: put nothing more
 
@@ -59,6 +69,20 @@ class LiveCall:
     def wanted(self) -> bool:
         """Whether outputs should come this way (a reader may still read them)."""
         return not self.reader_gone
+
+    def leave(self) -> None:
+        """The reader's side: it reads no more (from here or at all)."""
+        self.reader_gone = True
+        self._shown.set()
+
+    def shown(self) -> None:
+        """The reader's side: the outputs it took are on their way to its client."""
+        self._shown.set()
+
+    def wait_shown(self) -> bool:
+        """The runner's side: wait until the reader passed an output on or left
+        (``FIRST_SHOWN_WAIT_S`` at most)."""
+        return self._shown.wait(FIRST_SHOWN_WAIT_S)
 
     def put(self, item: LiveItem) -> None:
         with self._cond:

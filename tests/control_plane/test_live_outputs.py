@@ -1,8 +1,8 @@
 """A direct-run stream's outputs handed to its reader in memory (``services.live_outputs``):
-the reader gets every output in order, the record gets the first at once and the rest
-with the end, and a run that stops without its end leaves the reader to the database
-from where the hand-off stopped. On a real (SQLite) database, with the direct port's
-events scripted."""
+the reader gets every output in order, the record gets the first once the reader
+passed it on (with the time it came) and the rest with the end, and a run that stops
+without its end leaves the reader to the database from where the hand-off stopped. On
+a real (SQLite) database, with the direct port's events scripted."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from control_plane.db.models import Call
 from control_plane.dispatch.direct import DirectLostError
 from control_plane.dispatch.memory import InMemoryDispatcher
 from control_plane.protocol import CallEvent, RunCall
-from control_plane.services import calls
+from control_plane.services import calls, live_outputs
 from control_plane.services.activator import Activator, StreamItem
 from control_plane.services.context import Services
 from control_plane.services.direct_calls import Claim
@@ -133,7 +133,7 @@ def test_outputs_come_in_memory_and_are_recorded_with_the_end(
         ("output", "d"),
         ("done", "abcd"),
     ]
-    assert before_end == [(1, "a")]  # the first output at once, for its time
+    assert before_end == [(1, "a")]  # the first output before the rest, for its time
     assert _stored(services) == [(1, "a"), (2, "b"), (3, "c"), (4, "d")]
     assert len(services.live) == 0
     with services.db.session() as session:
@@ -234,3 +234,47 @@ def test_a_live_streams_start_is_recorded_with_its_first_output(services: Servic
     items = list(Activator(services).stream(CALL, keepalive_s=5.0))
     assert [i.kind for i in items] == ["output", "done"]
     assert statuses == ["dispatched", "running"]
+
+
+def test_the_first_output_is_recorded_once_its_reader_passed_it_on(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record waits for the reader (its transaction would hold the interpreter
+    while the reader writes the first token), and keeps the time the output came."""
+    monkeypatch.setattr(live_outputs, "FIRST_SHOWN_WAIT_S", 30.0)
+
+    def status() -> str:
+        with services.db.session() as session:
+            return calls.get(session, CALL).status
+
+    class Port:
+        def run(self, addr: str, token: str, msg: RunCall, timeout_s: float) -> Iterator[CallEvent]:
+            yield CallEvent(kind="started")
+            yield out(1, "a")
+            yield CallEvent(kind="succeeded", output="a")
+
+    services.direct = Port()  # type: ignore[assignment]
+    runner = DirectRunner(services, kick=lambda f: None, send_queued=lambda w, m: True)
+    services.live.open(CALL)
+    runner.start(_claim(services))
+    reader = Activator(services).stream(CALL, keepalive_s=5.0)
+    first = next(reader)
+    time.sleep(0.3)  # the reader writing it to its client, slowly
+    assert (first.kind, first.data) == ("output", "a")
+    assert status() == "dispatched" and _stored(services) == []  # not recorded yet
+    passed_on_at = services.clock()
+    assert [i.kind for i in reader] == ["done"]  # asks for the next: the first went out
+    with services.db.session() as session:
+        view = calls.get(session, CALL)
+    assert _stored(services) == [(1, "a")]
+    assert view.accepted_at + view.timings_ms["first_output"] / 1000 < passed_on_at - 0.25
+
+
+def test_a_run_waits_for_its_reader_no_longer_than_the_cap_or_its_leaving() -> None:
+    live = LiveOutputs().open("x")
+    started = time.monotonic()
+    assert not live.wait_shown()  # no reader passed anything on: the cap
+    waited_s = time.monotonic() - started
+    assert live_outputs.FIRST_SHOWN_WAIT_S * 0.9 <= waited_s < 5.0
+    live.leave()
+    assert live.wait_shown() and not live.wanted
