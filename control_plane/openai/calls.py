@@ -12,9 +12,9 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Function
@@ -61,8 +61,26 @@ def _llm_functions(
     return [t for t in (_llm_target(session, who, fn, versions) for fn in fns) if t is not None]
 
 
+class _FunctionRow(NamedTuple):
+    """The columns of a function ``_llm_target`` reads (a row, not an ORM object)."""
+
+    id: int
+    created_at: float
+    name: str
+    active_version: int | None
+
+
+# ``resolve``'s read, built once: every OpenAI request runs it, before its call exists.
+_BY_NAME = select(Function.id, Function.created_at, Function.name, Function.active_version).where(
+    Function.name == bindparam("name")
+)
+
+
 def _llm_target(
-    session: Session, who: Principal, fn: Function | None, versions: functions.VersionCache
+    session: Session,
+    who: Principal,
+    fn: Function | _FunctionRow | None,
+    versions: functions.VersionCache,
 ) -> Target | None:
     """``fn`` as an LLM function this key may invoke, or None. Its spec comes from
     ``versions`` (a deployed version never changes): no parse per request."""
@@ -93,7 +111,8 @@ def resolve(
     """The function (and adapter) ``model`` names, or OpenAI's 404."""
     who.require("invoke")  # a key that may call nothing learns nothing of names
     name, _, adapter = model.partition(":")
-    fn = session.scalars(select(Function).where(Function.name == name)).first()
+    found = session.connection().execute(_BY_NAME, {"name": name}).first()
+    fn = _FunctionRow(*found) if found is not None else None
     target = _llm_target(session, who, fn, versions)
     adapters = [a.name for a in target.spec.adapters] if target is not None else []
     if target is None or (adapter and adapter not in adapters):
