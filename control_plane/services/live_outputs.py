@@ -77,7 +77,8 @@ class LiveCall:
 
     def shown(self) -> None:
         """The reader's side: the outputs it took are on their way to its client."""
-        self._shown.set()
+        if not self._shown.is_set():  # once: a reader says it after every batch
+            self._shown.set()
 
     def wait_shown(self) -> bool:
         """The runner's side: wait until the reader passed an output on or left

@@ -86,16 +86,26 @@ def _stored(s: Services) -> list[tuple[int, Any]]:
         return calls.outputs_after(session, CALL, 1, 0)
 
 
+def _status(s: Services) -> str:
+    with s.db.session() as session:
+        return calls.get(session, CALL).status
+
+
+def _start(s: Services, port: object) -> None:
+    """Run the call over ``port`` on a thread of its own, its hand-off open."""
+    s.direct = port  # type: ignore[assignment]
+    runner = DirectRunner(s, kick=lambda f: None, send_queued=lambda w, m: True)
+    s.live.open(CALL)
+    runner.start(_claim(s))
+
+
 def _run(
     s: Services, script: list[CallEvent | Exception], reader: str
 ) -> tuple[list[StreamItem], list[Any]]:
     """Run the call while reading its stream (on this thread, or in an event loop);
     what the reader got, and what the record held just before the run's end."""
     seen_before_end: list[Any] = []
-    s.direct = ScriptedPort(script, lambda: seen_before_end.extend(_stored(s)))  # type: ignore[assignment]
-    runner = DirectRunner(s, kick=lambda f: None, send_queued=lambda w, m: True)
-    s.live.open(CALL)
-    runner.start(_claim(s))
+    _start(s, ScriptedPort(script, lambda: seen_before_end.extend(_stored(s))))
     if reader == "thread":
         items = list(Activator(s).stream(CALL, keepalive_s=5.0))
     else:
@@ -215,22 +225,15 @@ def test_a_live_streams_start_is_recorded_with_its_first_output(services: Servic
     the call was dispatched; with the first output it is running."""
     statuses: list[str] = []
 
-    def status() -> str:
-        with services.db.session() as session:
-            return calls.get(session, CALL).status
-
     class Port:
         def run(self, addr: str, token: str, msg: RunCall, timeout_s: float) -> Iterator[CallEvent]:
             yield CallEvent(kind="started")
-            statuses.append(status())  # the start read, the first output not yet
+            statuses.append(_status(services))  # the start read, the first output not yet
             yield out(1, "a")
-            statuses.append(status())
+            statuses.append(_status(services))
             yield CallEvent(kind="succeeded", output="a")
 
-    services.direct = Port()  # type: ignore[assignment]
-    runner = DirectRunner(services, kick=lambda f: None, send_queued=lambda w, m: True)
-    services.live.open(CALL)
-    runner.start(_claim(services))
+    _start(services, Port())
     items = list(Activator(services).stream(CALL, keepalive_s=5.0))
     assert [i.kind for i in items] == ["output", "done"]
     assert statuses == ["dispatched", "running"]
@@ -242,26 +245,13 @@ def test_the_first_output_is_recorded_once_its_reader_passed_it_on(
     """The record waits for the reader (its transaction would hold the interpreter
     while the reader writes the first token), and keeps the time the output came."""
     monkeypatch.setattr(live_outputs, "FIRST_SHOWN_WAIT_S", 30.0)
-
-    def status() -> str:
-        with services.db.session() as session:
-            return calls.get(session, CALL).status
-
-    class Port:
-        def run(self, addr: str, token: str, msg: RunCall, timeout_s: float) -> Iterator[CallEvent]:
-            yield CallEvent(kind="started")
-            yield out(1, "a")
-            yield CallEvent(kind="succeeded", output="a")
-
-    services.direct = Port()  # type: ignore[assignment]
-    runner = DirectRunner(services, kick=lambda f: None, send_queued=lambda w, m: True)
-    services.live.open(CALL)
-    runner.start(_claim(services))
+    script = [CallEvent(kind="started"), out(1, "a"), CallEvent(kind="succeeded", output="a")]
+    _start(services, ScriptedPort(list(script), lambda: None))
     reader = Activator(services).stream(CALL, keepalive_s=5.0)
     first = next(reader)
     time.sleep(0.3)  # the reader writing it to its client, slowly
     assert (first.kind, first.data) == ("output", "a")
-    assert status() == "dispatched" and _stored(services) == []  # not recorded yet
+    assert _status(services) == "dispatched" and _stored(services) == []  # not recorded yet
     passed_on_at = services.clock()
     assert [i.kind for i in reader] == ["done"]  # asks for the next: the first went out
     with services.db.session() as session:
