@@ -99,3 +99,5 @@ def sign_in(c: Console, key: str) -> None:
     page = c.page
     page.get_by_label("API key").fill(key)  # type: ignore[attr-defined]
     page.get_by_role("button", name="Sign in").click()  # type: ignore[attr-defined]
+    # Until the key is checked, a page the test opens may be rendered twice.
+    page.locator("#signout:visible, #message:visible").first.wait_for()  # type: ignore[attr-defined]

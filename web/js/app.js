@@ -88,6 +88,7 @@ function renderSignIn() {
 
 async function signIn(key) {
   setKey(key);
+  const before = generation;
   try {
     await api.get("/v1/functions");
   } catch (err) {
@@ -101,6 +102,9 @@ async function signIn(key) {
     }
     return;
   }
+  // A navigation while the key was checked has rendered its page already:
+  // rendering it again would throw away what was typed into it meanwhile.
+  if (generation !== before) return;
   notify("");
   if (!location.hash || location.hash === "#/") location.hash = "#/functions";
   else route();
