@@ -601,23 +601,29 @@ def _add_outputs(
     outs: list[Any],
 ) -> None:
     """Store chunks ``first_seq``, ``first_seq + 1``, ... in one insert; those already
-    stored (a retried post) are dropped."""
-    where = (CallOutput.call_id == row.id, CallOutput.attempt == row.attempt)
-    last_seq = first_seq + len(outs) - 1
-    stored = set(
-        session.scalars(
-            select(CallOutput.seq).where(*where, CallOutput.seq.between(first_seq, last_seq))
-        )
-    )
+    stored (a retried post, or two posts at once) are skipped by the unique key."""
+    if not outs:
+        return
     rows = [
         {"call_id": row.id, "attempt": row.attempt, "seq": seq, "output_json": _canonical(out)}
         for seq, out in enumerate(outs, first_seq)
-        if seq not in stored
     ]
-    if not rows:
-        return
-    session.execute(insert(CallOutput), rows)
-    _note_output(session, metrics, now, row)
+    session.execute(_insert_new_outputs(session), rows)
+    _note_output(session, metrics, now, row)  # idempotent: a repeat changes nothing
+
+
+def _insert_new_outputs(session: Session) -> Any:
+    """``INSERT ... ON CONFLICT (call_id, attempt, seq) DO NOTHING`` in the session's
+    dialect (SQLite or PostgreSQL): one statement instead of a read of the stored
+    places and an ORM bulk insert."""
+    name = session.get_bind().dialect.name
+    if name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+    return dialect_insert(CallOutput.__table__).on_conflict_do_nothing(
+        index_elements=["call_id", "attempt", "seq"]
+    )
 
 
 def _note_output(session: Session, metrics: Metrics | None, now: float, row: Call) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from control_plane.db.models import Call
 from control_plane.dispatch.base import UnsendableError
@@ -234,17 +235,20 @@ def _put_outputs(live: LiveCall, ev: CallEvent) -> None:
 
 def joined(outputs: list[CallEvent]) -> list[CallEvent]:
     """Output events with consecutive places as one event each (one insert)."""
-    out: list[CallEvent] = []
+    runs: list[tuple[CallEvent, list[Any]]] = []  # a run's first event, all its chunks
     for ev in outputs:
-        last = out[-1] if out else None
-        if (
-            last is not None
-            and last.seq is not None
-            and ev.seq is not None
-            and ev.attempt == last.attempt
-            and last.seq + len(last.chunks()) == ev.seq
-        ):
-            out[-1] = last.model_copy(update={"outputs": [*last.chunks(), *ev.chunks()]})
-        else:
-            out.append(ev)
-    return out
+        if runs:
+            head, chunks = runs[-1]
+            if (
+                head.seq is not None
+                and ev.seq is not None
+                and ev.attempt == head.attempt
+                and head.seq + len(chunks) == ev.seq
+            ):
+                chunks.extend(ev.chunks())
+                continue
+        runs.append((ev, list(ev.chunks())))
+    return [
+        head if len(chunks) == len(head.chunks()) else head.model_copy(update={"outputs": chunks})
+        for head, chunks in runs
+    ]
