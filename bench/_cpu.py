@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 PROC = Path("/proc")
 
@@ -60,3 +61,22 @@ class TreeMeter:
 
     def spent_s(self) -> dict[str, float]:
         return {name: cpu_s(pids) - self._start[name] for name, pids in self.groups.items()}
+
+
+# The parts of a bench's private installation whose CPU a bench reports.
+STACK_PARTS = ("server", "worker", "replica", "clients")
+
+
+def stack_groups(stack: Any) -> dict[str, list[int]] | None:
+    """The processes of a ``tests.e2e.stack.Stack``'s parts (``STACK_PARTS``): the
+    server and what it started, the worker agent, the worker's replicas (and pool),
+    and this process, the clients; None without ``/proc``."""
+    if not available():
+        return None
+    server, worker = (p.popen.pid for p in stack.procs[:2])
+    return {
+        "server": [server, *descendants(server)],
+        "worker": [worker],
+        "replica": descendants(worker),
+        "clients": [os.getpid()],
+    }

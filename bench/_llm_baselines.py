@@ -28,12 +28,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from bench._cpu import TreeMeter
 from cli.loadtest_llm import PROMPTS
 from worker.llm.detokenize import IncrementalDetokenizer
 
@@ -92,7 +93,13 @@ async def _openai_stream(
 
 
 async def _openai_levels(
-    base_url: str, key: str, model: str, levels: list[int], rounds: int, max_tokens: int
+    base_url: str,
+    key: str,
+    model: str,
+    levels: list[int],
+    rounds: int,
+    max_tokens: int,
+    cpu: CpuSplit | None,
 ) -> list[list[Level]]:
     import openai
 
@@ -102,19 +109,38 @@ async def _openai_levels(
         out = []
         for streams in levels:
             per_round = []
+            meter = None if cpu is None else TreeMeter(cpu.groups)
             for _ in range(rounds):
                 t0 = time.perf_counter()
                 calls = (_openai_stream(client, model, i, max_tokens, t0) for i in range(streams))
                 per_round.append(list(await asyncio.gather(*calls)))
+            if cpu is not None and meter is not None:
+                cpu.levels.append(meter.spent_s())
             out.append(per_round)
     return out
 
 
 def openai_levels(
-    base_url: str, key: str, model: str, levels: list[int], rounds: int, max_tokens: int
+    base_url: str,
+    key: str,
+    model: str,
+    levels: list[int],
+    rounds: int,
+    max_tokens: int,
+    cpu: CpuSplit | None = None,
 ) -> list[list[Level]]:
-    """Each level's rounds through an OpenAI-compatible server (one warm-up call first)."""
-    return asyncio.run(_openai_levels(base_url, key, model, levels, rounds, max_tokens))
+    """Each level's rounds through an OpenAI-compatible server (one warm-up call first);
+    with ``cpu``, the CPU seconds its processes spent on each level's rounds."""
+    return asyncio.run(_openai_levels(base_url, key, model, levels, rounds, max_tokens, cpu))
+
+
+@dataclass
+class CpuSplit:
+    """Processes by part (``bench._cpu.stack_groups``) and, once measured, the CPU
+    seconds each part spent per level, in the levels' order."""
+
+    groups: dict[str, list[int]]
+    levels: list[dict[str, float]] = field(default_factory=list)
 
 
 def _free_port() -> int:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import random
 import statistics
 import sys
@@ -69,7 +68,7 @@ BASELINE_CALLS = 20_000
 # queue_wait: accepted -> started on the replica (routing + broker); execution: the
 # function; total: accepted -> result recorded by the worker.
 SPLIT_KEYS = ("queue_wait", "execution", "total")
-CPU_PARTS = ("server", "worker", "replica", "clients")
+CPU_PARTS = _cpu.STACK_PARTS
 
 
 @dataclass(frozen=True)
@@ -411,17 +410,8 @@ def targets_table(doc: dict[str, Any]) -> TableSpec:
 
 def cpu_meter(stack: Any) -> _cpu.TreeMeter | None:
     """A meter of the stack's parts (``CPU_PARTS``); None without ``/proc``."""
-    if not _cpu.available():
-        return None
-    server, worker = (p.popen.pid for p in stack.procs[:2])
-    return _cpu.TreeMeter(
-        {
-            "server": [server, *_cpu.descendants(server)],
-            "worker": [worker],
-            "replica": _cpu.descendants(worker),
-            "clients": [os.getpid()],
-        }
-    )
+    groups = _cpu.stack_groups(stack)
+    return None if groups is None else _cpu.TreeMeter(groups)
 
 
 # --- main ----------------------------------------------------------------------------

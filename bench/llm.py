@@ -42,6 +42,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 from rich.console import Console
 
+from bench import _cpu
 from bench import _llm_baselines as base
 from bench._common import (
     Column,
@@ -117,6 +118,34 @@ def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 r["ttft_p99_over_p50"] = r["ttft_p99_ms"] / r["ttft_p50_ms"]
         out.append(r)
     return out
+
+
+def cpu_per_token(
+    levels: list[int], by_level: list[list[base.Level]], cpu: base.CpuSplit
+) -> list[dict[str, Any]]:
+    """thaw's CPU per completion token at each level, by part (all its rounds)."""
+    rows = []
+    for streams, rounds, spent in zip(levels, by_level, cpu.levels, strict=True):
+        tokens = sum(t.tokens for timings in rounds for t in timings)
+        if tokens:
+            ms = {part: s * 1000 / tokens for part, s in spent.items()}
+            rows.append({"streams": streams, "tokens": tokens, "ms_per_token": ms})
+    return rows
+
+
+def cpu_table(rows: list[dict[str, Any]]) -> TableSpec:
+    parts = list(_cpu.STACK_PARTS)
+    columns = [Column("streams"), *(Column(f"{p} ms") for p in parts), Column("thaw in all ms")]
+    body = [
+        [
+            str(r["streams"]),
+            *(f"{r['ms_per_token'][p]:.3f}" for p in parts),
+            f"{sum(v for p, v in r['ms_per_token'].items() if p != 'clients'):.3f}",
+        ]
+        for r in rows
+    ]
+    title = "thaw's CPU per completion token, by process (clients: the bench's own)"
+    return TableSpec(title, columns, body)
 
 
 def _num(value: Any, fmt: str) -> str:
@@ -235,6 +264,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     levels, rounds, n = args.streams, args.rounds, args.max_tokens
     results: dict[str, list[list[base.Level]]] = {}
     cold = None
+    cpu: base.CpuSplit | None = None
     with tempfile.TemporaryDirectory(prefix="thaw-bench-llm-") as tmp:
         if args.url:
             results[THAW] = base.openai_levels(
@@ -247,7 +277,9 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
             say(f"starting a private thaw with {model_dir} …")
             with installation(model_dir, Path(tmp), sizes, max(levels), args.device) as stack:
                 url, key = f"{stack.url}/openai/v1", stack.admin_key
-                results[THAW] = base.openai_levels(url, key, FUNCTION, levels, rounds, n)
+                groups = _cpu.stack_groups(stack)
+                cpu = None if groups is None else base.CpuSplit(groups)
+                results[THAW] = base.openai_levels(url, key, FUNCTION, levels, rounds, n, cpu)
                 say("thaw: done")
                 if "cold" not in args.skip:
                     trials = args.cold_trials
@@ -270,6 +302,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         for mode, by_level in results.items()
         for streams, per_level in zip(levels, by_level, strict=True)
     ]
+    cpu_rows = [] if cpu is None else cpu_per_token(levels, results[THAW], cpu)
     return {
         "machine": machine_description(),
         "model": str(model_dir or args.function),
@@ -279,6 +312,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         "slo_ttft_ms": args.slo_ttft_ms,
         "slo_tpot_ms": args.slo_tpot_ms,
         "rows": with_ratios(rows),
+        "cpu_per_token": cpu_rows,
         "cold_start": cold,
     }
 
@@ -328,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Console(width=None if sys.stdout.isatty() else 220)
     title = f"{doc['model']}: {doc['max_tokens']} tokens a stream, medians of {doc['rounds']}"
     tables = [streams_table(doc["rows"], title)]
+    if doc["cpu_per_token"]:
+        tables.append(cpu_table(doc["cpu_per_token"]))
     if doc["cold_start"] is not None:
         tables.append(cold_table(doc["cold_start"]))
     for spec in tables:

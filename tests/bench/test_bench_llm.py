@@ -152,6 +152,16 @@ def test_a_quick_run_sets_thaw_beside_every_baseline_and_naive(tmp_path: Path) -
         assert row["ttft_p50_ms"] is not None and 0 <= row["goodput"] <= 1, row
     thaw = [r for r in doc["rows"] if r["mode"] == THAW]
     assert all(r["vs_engine"] > 0 and r["vs_serve"] > 0 and r["vs_generate"] > 0 for r in thaw)
+    # thaw's CPU per token, by process: the replica made the tokens, the server
+    # relayed them, and every level counts its own tokens.
+    cpu = doc["cpu_per_token"]
+    assert [c["streams"] for c in cpu] == [1, 3]
+    for level, row in zip(cpu, thaw, strict=True):
+        assert level["tokens"] == row["tokens"] * row["rounds"], (level, row)
+        ms = level["ms_per_token"]
+        assert set(ms) == {"server", "worker", "replica", "clients"}
+        assert ms["replica"] > 0 and ms["server"] > 0, ms
+    assert "CPU per completion token" in proc.stdout
     cold = doc["cold_start"]
     assert cold["thaw"]["all_pool_hits"] and cold["naive"]["first_token_s"] > 0
     assert {"imports_s", "load_s", "engine_s", "first_token_s"} == set(cold["naive"]["phases_s"])
