@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from sqlalchemy import Table, Update, bindparam, case, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
@@ -616,14 +617,11 @@ def _insert_new_outputs(session: Session) -> Any:
     """``INSERT ... ON CONFLICT (call_id, attempt, seq) DO NOTHING`` in the session's
     dialect (SQLite or PostgreSQL): one statement instead of a read of the stored
     places and an ORM bulk insert."""
-    name = session.get_bind().dialect.name
-    if name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as dialect_insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert as dialect_insert
-    return dialect_insert(CallOutput.__table__).on_conflict_do_nothing(
-        index_elements=["call_id", "attempt", "seq"]
-    )
+    table = cast(Table, CallOutput.__table__)
+    keys = ["call_id", "attempt", "seq"]
+    if session.get_bind().dialect.name == "postgresql":
+        return postgresql.insert(table).on_conflict_do_nothing(index_elements=keys)
+    return sqlite.insert(table).on_conflict_do_nothing(index_elements=keys)
 
 
 def _note_output(session: Session, metrics: Metrics | None, now: float, row: Call) -> None:
