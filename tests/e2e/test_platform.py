@@ -210,7 +210,9 @@ def test_timeout_ends_that_call_and_the_replica_serves_on(
     )
     stack.deploy(spec)
     first_pid = int(wait_for(lambda: _one_pid(tmp_path), "the warm replica's pid file"))
-    slow = invoke(stack, "probe-timeout", {"input": {"sleep_s": 8}})
+    # Asleep 1.5 s past its 4 s deadline: the next call, also given 4 s, waits for the
+    # slot about 1.5 s, whatever the dispatch costs on this backend.
+    slow = invoke(stack, "probe-timeout", {"input": {"sleep_s": 5.5}})
     assert slow.status_code == 504, slow.text
     assert stack.call(slow.json()["call_id"])["status"] == "timeout"
     # Cancelled in its replica, which is not killed: the next call is served there

@@ -34,7 +34,14 @@ import pytest
 
 from tests.e2e.conftest import E2EStore
 from tests.e2e.stack import wait_for
-from tests.faults.conftest import FaultStack, chaos_spec, fault_stack, invoke, invoke_async
+from tests.faults.conftest import (
+    FaultStack,
+    chaos_spec,
+    fault_stack,
+    invoke,
+    invoke_async,
+    pid_alive,
+)
 from tests.faults.harness import check_ledger, db_rows, db_value
 
 pytestmark = pytest.mark.slow
@@ -223,12 +230,19 @@ def test_killed_replica_retries_its_calls_and_requeues_the_queued_ones(
         stack.deploy(chaos_spec(chaos_store, "victim", retries=1, scaling=scaling, env=env))
         warm = _good_call(stack, "victim", 0)
         pid = warm["output"]["pid"]
-        ids = [invoke_async(stack, "victim", {"sleep_s": 1.5, "i": i}) for i in range(7)]
+        # The calls wait at a gate opened only after the kill: exactly the two the
+        # replica runs at once have run on it when it dies, however slow the machine.
+        gate = tmp_path / "gate"
+        ids = [invoke_async(stack, "victim", {"gate": str(gate), "i": i}) for i in range(7)]
         wait_for(
             lambda: sum(_runs(runs, i) for i in ids) == 2, "two calls to run on the replica", 30
         )
+        time.sleep(0.5)  # a third would start now if the replica took more than two
         ran_before = {i for i in ids if _runs(runs, i)}
+        assert len(ran_before) == 2, ran_before
         os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(pid), "the killed replica to be gone", 10)
+        gate.touch()
 
         calls = check_ledger(stack, [warm["call_id"], *ids], runs_dir=runs)
         for call_id in ids:

@@ -3,7 +3,9 @@
 ``Chaos`` does what its input asks: raise, sleep, spin in Python, crash its
 own process (segfault, abort, run out of memory under a limit), stream slowly,
 or answer; with ``ticks`` (a path) a sleep or spin appends a line there as it
-goes and ``done`` once finished, so a test sees whether a call was stopped. On a
+goes and ``done`` once finished, so a test sees whether a call was stopped; with
+``gate`` (a path) a call waits for that file to exist (60 s at most), so a test
+holds calls running for as long as it needs, whatever the machine's speed. On a
 worker started with ``CHAOS_BROKEN_FILE`` every call kills its replica process
 while that file exists (a broken machine: the replica's fault, not the
 function's). Every call appends its id to ``RUNS_DIR/<call id>`` when that
@@ -48,6 +50,8 @@ class Chaos:
             return {"pid": os.getpid(), "replica": self.replica_id, "input": input}
         if input.get("raise"):
             raise ValueError(f"bad input: {input['raise']}")
+        if input.get("gate"):
+            _await(Path(input["gate"]), 60.0)
         ticks = Path(input["ticks"]) if input.get("ticks") else None
         if input.get("sleep_s"):
             _tick(ticks, "sleeping")
@@ -76,6 +80,12 @@ def _tick(ticks: Path | None, line: str) -> None:
     if ticks is not None:
         with open(ticks, "a") as f:
             f.write(line + "\n")
+
+
+def _await(gate: Path, most_s: float) -> None:
+    end = time.monotonic() + most_s
+    while not gate.exists() and time.monotonic() < end:
+        time.sleep(0.02)
 
 
 def _spin(spin_s: float, ticks: Path | None) -> None:
