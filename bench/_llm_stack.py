@@ -3,10 +3,13 @@ function, and the LLM cold start from zero against a naive one.
 
 The installation is a server and one worker (SQLite, the filesystem broker, a scratch
 store and cache, a 1 GiB RAM tier, the server's default intervals: ``PRODUCTION_ENV``)
-with two LLM functions on the model:
+with three LLM functions on the model:
 
     bench-llm        one replica kept warm, taking every stream (its engine queues past
                      ``max_num_seqs``, as the in-process engine does): the stream levels
+    bench-llm-narrow the same with wide steps off (``wide_step_ms_per_token = 0``: every
+                     step on the replica's own threads, ``worker.llm.threads``), its
+                     levels beside bench-llm's
     bench-llm-cold   scaled to zero after 2 s idle: the cold starts
 
 A thaw cold start is ``POST /openai/v1/completions`` (streamed, one token) on the
@@ -35,13 +38,19 @@ from bench._llm_baselines import load, make_engine
 
 FUNCTION = "bench-llm"
 COLD_FUNCTION = "bench-llm-cold"
+NARROW_FUNCTION = "bench-llm-narrow"
 MODEL_REF = "bench-llm:v1"
 RAM_TIER_BYTES = 1 << 30
 POOL_REFILL_S = 5.0
 
 
 def _spec(
-    name: str, bundle: str, sizes: dict[str, int], scaling: dict[str, Any], device: str
+    name: str,
+    bundle: str,
+    sizes: dict[str, int],
+    scaling: dict[str, Any],
+    device: str,
+    **llm: Any,
 ) -> dict[str, Any]:
     return {
         "name": name,
@@ -54,6 +63,7 @@ def _spec(
             "max_batch_tokens": sizes["max_batch_tokens"],
             "kv_cache_mb": sizes["kv_cache_mb"],
             "dtype": "float32",
+            **llm,
         },
         "scaling": scaling,
     }
@@ -61,9 +71,15 @@ def _spec(
 
 @contextmanager
 def installation(
-    model_dir: Path, root: Path, sizes: dict[str, int], max_streams: int, device: str = "cpu"
+    model_dir: Path,
+    root: Path,
+    sizes: dict[str, int],
+    max_streams: int,
+    device: str = "cpu",
+    narrow: bool = True,
 ) -> Iterator[BenchStack]:
-    """The private installation with both functions deployed and ``bench-llm`` ready."""
+    """The private installation with its functions deployed and ``bench-llm`` ready
+    (``bench-llm-narrow`` too, unless ``narrow`` is false)."""
     from snapshotter.manifest import ArtifactKind
     from snapshotter.push import push_directory
     from snapshotter.registry import Registry
@@ -87,12 +103,16 @@ def installation(
         cleanup.callback(shutil.rmtree, tier, ignore_errors=True)
         stack = cleanup.enter_context(running(root / "stack", str(store), worker_env))
         warm = {"min_replicas": 1, "max_replicas": 1, "target_concurrency": max_streams}
-        stack.deploy(
-            _spec(FUNCTION, bundle.digest, sizes, {**warm, "idle_timeout_s": 3600}, device)
-        )
+        warm["idle_timeout_s"] = 3600
+        stack.deploy(_spec(FUNCTION, bundle.digest, sizes, warm, device))
+        if narrow:
+            off = {"wide_step_ms_per_token": 0.0}
+            stack.deploy(_spec(NARROW_FUNCTION, bundle.digest, sizes, warm, device, **off))
         cold = {"min_replicas": 0, "max_replicas": 1, "idle_timeout_s": 2}
         stack.deploy(_spec(COLD_FUNCTION, bundle.digest, sizes, cold, device))
         wait_ready_replica(stack, FUNCTION)
+        if narrow:
+            wait_ready_replica(stack, NARROW_FUNCTION)
         yield stack
 
 

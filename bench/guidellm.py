@@ -296,7 +296,7 @@ def _server(args: argparse.Namespace, model_dir: Path, tmp: Path) -> Iterator[tu
 
     args.function = FUNCTION
     sizes = {"max_num_seqs": 32, "max_batch_tokens": 512, "kv_cache_mb": 256}
-    with installation(model_dir, tmp, sizes, max(args.concurrency)) as stack:
+    with installation(model_dir, tmp, sizes, max(args.concurrency), narrow=False) as stack:
         yield stack.url, stack.admin_key
 
 

@@ -3,7 +3,8 @@
 cold start from zero against a naive one. One model, one prompt set, one run.
 
     python bench/llm.py [--model DIR] [--quick] [--streams 1,8,32] [--max-tokens 64]
-                        [--rounds 3] [--cold-trials 3] [--skip serve,generate,engine,cold]
+                        [--rounds 3] [--cold-trials 3]
+                        [--skip narrow,serve,generate,engine,cold]
                         [--max-num-seqs 32 --max-batch-tokens 512 --kv-cache-mb 256]
                         [--slo-ttft-ms 500 --slo-tpot-ms 50] [--json -|PATH] [--markdown]
     python bench/llm.py --url URL --function NAME [--key KEY] [--model DIR] ...
@@ -15,7 +16,9 @@ locally, random weights; ``--quick``: the tiny one). thaw runs as a private
 installation (``bench._llm_stack``): the model pushed to a scratch store and served
 as an LLM function with the sizes given, which the in-process engine gets too. With
 ``--url`` the function NAME of a running thaw is measured instead (no cold starts;
-``--model`` then adds the baselines on that directory).
+``--model`` then adds the baselines on that directory). thaw also runs with its wide
+steps off (``worker.llm.threads``: every engine step on the replica's own threads), a
+second function on the same worker, its levels after thaw's.
 
 Each stream is a streamed completion with usage (thaw, ``transformers serve``) or a
 generate call (in-process), timed on the client: TTFT from the level's start to the
@@ -57,10 +60,12 @@ from bench._common import (
 from bench._common import write_json as write_json_doc
 
 THAW = "thaw (OpenAI routes)"
+THAW_NARROW = "thaw, wide steps off"  # its off switch: every step on the replica's threads
 ENGINE = "engine in-process"
 GENERATE = "sequential generate"
 SERVE = "transformers serve"
-SKIPPABLE = ("serve", "generate", "engine", "cold")
+SKIPPABLE = ("narrow", "serve", "generate", "engine", "cold")
+MODES = (THAW, THAW_NARROW, ENGINE, GENERATE, SERVE)  # the tables' order
 
 
 def level_row(
@@ -104,7 +109,7 @@ def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by = {(r["mode"], r["streams"]): r for r in rows}
     out = []
     for r in rows:
-        if r["mode"] == THAW:
+        if r["mode"] in (THAW, THAW_NARROW):
             r = dict(r)
             baselines = (("vs_engine", ENGINE), ("vs_generate", GENERATE), ("vs_serve", SERVE))
             for key, mode in baselines:
@@ -171,7 +176,7 @@ def streams_table(rows: list[dict[str, Any]], title: str) -> TableSpec:
             _num(r.get("vs_serve"), ".2f"),
             _num(r.get("ttft_added_ms"), ".1f"),
         ]
-        for r in sorted(rows, key=lambda r: (r["streams"], r["mode"] != THAW))
+        for r in sorted(rows, key=lambda r: (r["streams"], MODES.index(r["mode"])))
     ]
     return TableSpec(title, columns, body)
 
@@ -271,16 +276,23 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                 f"{args.url}/openai/v1", args.key, args.function, levels, rounds, n
             )
         else:
-            from bench._llm_stack import FUNCTION, installation
+            from bench._llm_stack import FUNCTION, NARROW_FUNCTION, installation
 
             assert model_dir is not None
             say(f"starting a private thaw with {model_dir} …")
-            with installation(model_dir, Path(tmp), sizes, max(levels), args.device) as stack:
+            narrow = "narrow" not in args.skip
+            top = max(levels)
+            with installation(model_dir, Path(tmp), sizes, top, args.device, narrow) as stack:
                 url, key = f"{stack.url}/openai/v1", stack.admin_key
                 groups = _cpu.stack_groups(stack)
                 cpu = None if groups is None else base.CpuSplit(groups)
                 results[THAW] = base.openai_levels(url, key, FUNCTION, levels, rounds, n, cpu)
                 say("thaw: done")
+                if narrow:
+                    results[THAW_NARROW] = base.openai_levels(
+                        url, key, NARROW_FUNCTION, levels, rounds, n
+                    )
+                    say("thaw, wide steps off: done")
                 if "cold" not in args.skip:
                     trials = args.cold_trials
                     cold = measure_cold(stack, model_dir, sizes, trials, say, args.device)

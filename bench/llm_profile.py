@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     with (
         tempfile.TemporaryDirectory(prefix="thaw-llm-profile-") as tmp,
-        installation(model_dir, Path(tmp), sizes, args.streams, args.device) as stack,
+        installation(model_dir, Path(tmp), sizes, args.streams, args.device, narrow=False) as stack,
     ):
         url, key = f"{stack.url}/openai/v1", stack.admin_key
         base.openai_levels(url, key, FUNCTION, [args.streams], 1, args.max_tokens)  # warm

@@ -140,6 +140,9 @@ class LLMOptions(BaseModel):
     kv_cache_mb: int = Field(default=64, ge=1, le=1 << 20)  # the paged KV cache's size
     context_length: int | None = Field(default=None, ge=16, le=1 << 24)  # None: the model's
     max_tokens_limit: int = Field(default=4096, ge=1, le=1 << 24)  # most tokens one call asks
+    # On a CPU: a step whose time per generated token (on the replica's own threads)
+    # reaches this runs on every core the replica may use (worker.llm.threads); 0: never.
+    wide_step_ms_per_token: float = Field(default=3.0, ge=0, le=1e6)
 
 
 #: The most inter-token gaps one call reports (a longer completion reports its first).

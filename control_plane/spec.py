@@ -62,6 +62,7 @@ model's files) on a continuous-batching engine, behind the OpenAI routes
     kv_cache_mb = 64               # the paged KV cache, sized here, never "free memory"
     context_length = 2048          # default: the model's max_position_embeddings
     max_tokens_limit = 4096        # the most tokens one call may ask for
+    wide_step_ms_per_token = 3.0   # CPU: a step this slow per token takes every core
 """
 
 from __future__ import annotations

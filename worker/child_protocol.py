@@ -96,6 +96,9 @@ class ReplicaSpec(BaseModel):
     max_concurrent_calls: int | None = Field(default=None, ge=1)  # more wait for a slot
     llm: LLMOptions | None = None  # an LLM function: how its replica serves the model
     cpu_threads: int | None = Field(default=None, ge=1)  # torch's on a CPU (None: its own)
+    # Every core the replica may use, for an LLM step heavy enough (worker.llm.threads);
+    # None: its cpu_threads only (the worker was given a thread count).
+    cpu_cores: int | None = Field(default=None, ge=1)
 
 
 # --- agent → child ---------------------------------------------------------

@@ -90,6 +90,8 @@ class ReplicaManager:
         self.clock = clock
         self.adapter_cache_size = adapter_cache_size
         self.cpu_threads = cpu_threads or default_cpu_threads()
+        # Threads left to the default: a heavy LLM step may take the serving path's core.
+        self.cpu_cores = None if cpu_threads else (os.cpu_count() or 1)
         self.tracing = tracing  # spans of the calls it runs (worker.tracing)
         self.bandwidth = BandwidthMeter()  # from the loads replicas report at ready
         self._lock = threading.Lock()
@@ -172,6 +174,7 @@ class ReplicaManager:
             max_concurrent_calls=msg.max_concurrent_calls,
             llm=msg.llm,
             cpu_threads=replica_cpu_threads(self.cpu_threads, msg),
+            cpu_cores=replica_cpu_cores(self.cpu_cores, msg),
         )
 
     def stop_by_id(self, replica_id: str, reason: str) -> None:
@@ -404,3 +407,11 @@ def replica_cpu_threads(worker_threads: int, msg: StartReplica) -> int:
     """A replica's torch threads: the worker's, at most its container's ``cpus``."""
     cpus = msg.container.cpus if msg.container is not None else None
     return max(1, min(worker_threads, math.ceil(cpus))) if cpus else worker_threads
+
+
+def replica_cpu_cores(worker_cores: int | None, msg: StartReplica) -> int | None:
+    """The cores a replica may use for a heavy LLM step: the worker's, at most its
+    container's ``cpus``; None where the worker was given a thread count."""
+    if worker_cores is None:
+        return None
+    return replica_cpu_threads(worker_cores, msg)

@@ -139,7 +139,8 @@ def _specialize(spec: ReplicaSpec, loaders: _Loaders, phases_ms: dict[str, float
             loader = loaders.get()
         profile = _load_model_and_adapters(spec, loader, ctx, phases_ms)
     with _phase(phases_ms, "user_setup"):
-        instance = cls(spec.llm) if spec.llm is not None else cls()  # worker.llm.function
+        llm = spec.llm  # worker.llm.function: its options and the cores it may take
+        instance = cls(llm, cpu_cores=spec.cpu_cores) if llm is not None else cls()
         setup = getattr(instance, "setup", None)
         if setup is not None:
             setup(ctx)

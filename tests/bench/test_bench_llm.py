@@ -16,6 +16,7 @@ from bench.llm import (
     GENERATE,
     SERVE,
     THAW,
+    THAW_NARROW,
     check_model_dir,
     cold_table,
     level_row,
@@ -76,15 +77,18 @@ def test_thaw_rows_get_ratios_to_each_baseline_and_the_ttft_it_adds() -> None:
             "goodput": 1.0,
         }
 
-    figures = ((THAW, 90, 30), (ENGINE, 100, 10), (GENERATE, 15, 900), (SERVE, 45, 40))
+    figures = ((ENGINE, 100, 10), (THAW, 90, 30), (GENERATE, 15, 900), (SERVE, 45, 40))
+    figures += ((THAW_NARROW, 60, 25),)
     rows = with_ratios([row(m, t, f) for m, t, f in figures])
-    thaw = rows[0]
+    thaw, narrow = rows[1], rows[4]
     assert thaw["vs_engine"] == pytest.approx(0.9) and thaw["vs_generate"] == pytest.approx(6.0)
     assert thaw["vs_serve"] == pytest.approx(2.0) and thaw["ttft_added_ms"] == pytest.approx(20.0)
     assert thaw["ttft_p99_over_p50"] == pytest.approx(2.0)
-    assert "vs_engine" not in rows[1]
-    shown = streams_table(rows, "t").rows
-    assert shown[0][0] == THAW and shown[0][-4:] == ["0.90", "6.00", "2.00", "20.0"]
+    assert narrow["vs_engine"] == pytest.approx(0.6) and narrow["ttft_added_ms"] == 15.0
+    assert "vs_engine" not in rows[0]
+    shown = streams_table(rows, "t").rows  # thaw first, its off switch next
+    assert [r[0] for r in shown] == [THAW, THAW_NARROW, ENGINE, GENERATE, SERVE]
+    assert shown[0][-4:] == ["0.90", "6.00", "2.00", "20.0"]
 
 
 def test_the_cold_table_sets_thaw_beside_naive_with_phases() -> None:
@@ -146,7 +150,8 @@ def test_a_quick_run_sets_thaw_beside_every_baseline_and_naive(tmp_path: Path) -
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(out.read_text())
     modes = {(r["mode"], r["streams"]) for r in doc["rows"]}
-    assert modes == {(m, n) for m in (THAW, ENGINE, GENERATE, SERVE) for n in (1, 3)}
+    every_mode = (THAW, THAW_NARROW, ENGINE, GENERATE, SERVE)
+    assert modes == {(m, n) for m in every_mode for n in (1, 3)}
     for row in doc["rows"]:
         assert row["tokens"] > 0 and row["tokens_per_s"] > 0, row
         assert row["ttft_p50_ms"] is not None and 0 <= row["goodput"] <= 1, row

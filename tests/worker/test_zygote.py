@@ -174,7 +174,7 @@ def test_a_cpu_replica_computes_with_the_threads_it_was_given(pool: ProcessPool)
 
 def test_a_replica_has_the_workers_threads_at_most_its_containers_cpus() -> None:
     from control_plane.protocol import ContainerOptions, StartReplica
-    from worker.replicas import default_cpu_threads, replica_cpu_threads
+    from worker.replicas import default_cpu_threads, replica_cpu_cores, replica_cpu_threads
 
     def start(cpus: float | None) -> StartReplica:
         container = ContainerOptions(image="i:v1", cpus=cpus) if cpus is not None else None
@@ -192,3 +192,7 @@ def test_a_replica_has_the_workers_threads_at_most_its_containers_cpus() -> None
     assert replica_cpu_threads(2, start(8.0)) == 2
     assert replica_cpu_threads(7, start(0.5)) == 1
     assert default_cpu_threads() == max(1, (os.cpu_count() or 1) - 1)
+    # The cores a heavy LLM step may take: the same cap; none where threads were set.
+    assert replica_cpu_cores(8, start(None)) == 8
+    assert replica_cpu_cores(8, start(2.5)) == 3
+    assert replica_cpu_cores(None, start(2.5)) is None

@@ -38,6 +38,8 @@ from typing import Any, Literal
 
 import torch
 
+from worker.llm.threads import StepThreadRule, StepThreads, install_step_threads
+
 FinishReason = Literal["stop", "length"]
 SEED_LIMIT = 2**63  # exclusive: OpenAI's seed is a signed 64-bit integer
 _ROUTER_POLL_S = 0.05
@@ -142,7 +144,15 @@ class Engine:
     ``generate`` may be called from many threads at once: each call is one request
     of the running batch. ``close`` stops the manager; open streams then fail."""
 
-    def __init__(self, model: Any, sizes: EngineSizes, eos_token_ids: list[int]) -> None:
+    def __init__(
+        self,
+        model: Any,
+        sizes: EngineSizes,
+        eos_token_ids: list[int],
+        threads: StepThreads | None = None,
+    ) -> None:
+        """``threads``, on a CPU: each step's torch threads (``worker.llm.threads``);
+        None leaves the process's own."""
         from transformers import GenerationConfig
         from transformers.generation import ContinuousBatchingConfig
 
@@ -174,6 +184,10 @@ class Engine:
             generation_config=generation, continuous_batching_config=batching
         )
         install_seeded_draw(self._manager)
+        self.step_threads: StepThreadRule | None = None
+        if threads is not None and threads.can_widen and model.device.type == "cpu":
+            self.step_threads = StepThreadRule(threads)
+            install_step_threads(self._manager, self.step_threads)
         self._lock = threading.Lock()
         self._streams: dict[str, _Stream] = {}
         self._closed = threading.Event()

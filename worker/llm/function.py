@@ -37,12 +37,14 @@ from worker.llm.serve import LLMReplica, LLMRequestError, TextDelta
 
 
 class LLMFunction:
-    def __init__(self, options: LLMOptions | None = None) -> None:
+    def __init__(self, options: LLMOptions | None = None, cpu_cores: int | None = None) -> None:
         self.options = options or LLMOptions()
+        self.cpu_cores = cpu_cores  # every core the replica may use (worker.llm.threads)
         self.llm: LLMReplica | None = None
 
     def setup(self, ctx: Any) -> None:
-        self.llm = LLMReplica(ctx, self.options, adapters=list(ctx.adapters.values()))
+        adapters = list(ctx.adapters.values())
+        self.llm = LLMReplica(ctx, self.options, adapters=adapters, cpu_cores=self.cpu_cores)
 
     def __call__(self, input: Any, call: Any) -> Any:
         llm = self.llm

@@ -20,6 +20,7 @@ from control_plane.protocol import LLMOptions
 from worker.llm.detokenize import IncrementalDetokenizer
 from worker.llm.engine import Engine, EngineError, EngineSizes, FinishReason, Sampling
 from worker.llm.stops import StopScanner
+from worker.llm.threads import StepThreads
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,15 @@ class PromptTooLongError(LLMRequestError):
 class LLMReplica:
     """Built once in ``setup`` from a thaw ``Context``; ``stream`` from call threads."""
 
-    def __init__(self, ctx: Any, options: LLMOptions, adapters: list[Any] | None = None) -> None:
+    def __init__(
+        self,
+        ctx: Any,
+        options: LLMOptions,
+        adapters: list[Any] | None = None,
+        cpu_cores: int | None = None,
+    ) -> None:
+        """``cpu_cores``: every core the replica may use, for a heavy step on a CPU
+        (``worker.llm.threads``); None: torch's threads as set."""
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -74,7 +83,13 @@ class LLMReplica:
             share_prefixes=not self.adapters,
         )
         base = model.get_base_model() if self.adapters else model
-        self.engine = Engine(base, sizes, eos_token_ids=_eos_ids(config, self.tokenizer))
+        threads = None
+        if cpu_cores is not None:
+            narrow = torch.get_num_threads()
+            wide = max(narrow, cpu_cores)
+            threads = StepThreads(narrow, wide, options.wide_step_ms_per_token)
+        eos_ids = _eos_ids(config, self.tokenizer)
+        self.engine = Engine(base, sizes, eos_token_ids=eos_ids, threads=threads)
         self._switch_adapter(None)  # the gate starts on the base model: so does the model
         self.gate = AdapterGate(self._switch_adapter)
 

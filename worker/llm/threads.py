@@ -1,0 +1,98 @@
+"""Torch threads per batch step on a CPU: the replica's own, or every core it may use
+when a step is heavy enough that the serving path would leave a core idle.
+
+A CPU replica runs on its worker's cores less one (``worker.replicas.default_cpu_threads``):
+the core left over carries the serving path, about 1 ms of CPU per generated token on
+the worker agent, the server and, on one machine, the callers (``bench/README.md``,
+"thaw's CPU per token by process"). Whether that core is busy depends on the model:
+
+    a step of s seconds on the replica's n threads that makes g tokens gives the
+    serving path g x ~1 ms of work in those s seconds
+
+A 76M-parameter model spends about 6.5 ms per token on one thread at 8 and 32 streams,
+so the serving core idles most of each step; a tiny test model spends a fraction of a
+millisecond, so the serving path is the limit. ``StepThreadRule`` times every step and
+keeps a moving mean of its time per generated token, scaled to the replica's own
+threads; a step then runs on ``wide`` threads when that mean reaches
+``wide_ms_per_token`` and the step carries ``min_tokens`` or more (fewer rows split too
+thinly across threads to gain), else on ``narrow``. Measured on 2 vCPUs, 76M model:
+see ``bench/README.md``, "Wide steps".
+
+``torch.set_num_threads`` sets the calling thread's OpenMP team size, so the rule is
+applied on the manager's generation thread, before each step, and only when the count
+changes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+_MEAN_WEIGHT = 0.2  # of the newest step in the moving mean
+
+
+@dataclass(frozen=True)
+class StepThreads:
+    narrow: int  # the replica's own threads
+    wide: int  # every core the replica may use
+    wide_ms_per_token: float = 3.0  # 0: never wide
+    min_tokens: int = 8
+
+    def __post_init__(self) -> None:
+        if self.narrow < 1 or self.wide < self.narrow or self.wide_ms_per_token < 0:
+            raise ValueError(f"step threads out of range: {self}")
+
+    @property
+    def can_widen(self) -> bool:
+        return self.wide > self.narrow and self.wide_ms_per_token > 0
+
+
+class StepThreadRule:
+    """The threads for each step, from the steps before it (see the module docstring)."""
+
+    def __init__(self, threads: StepThreads) -> None:
+        self.threads = threads
+        self.ms_per_token = 0.0  # moving mean, scaled to the narrow threads; 0: none yet
+        self.steps = 0
+        self.wide_steps = 0
+
+    def choose(self, tokens: int) -> int:
+        t = self.threads
+        heavy = t.can_widen and self.ms_per_token >= t.wide_ms_per_token
+        return t.wide if heavy and tokens >= t.min_tokens else t.narrow
+
+    def measured(self, threads: int, seconds: float, generated: int) -> None:
+        """One step's time on ``threads`` threads, which made ``generated`` tokens."""
+        self.steps += 1
+        if threads > self.threads.narrow:
+            self.wide_steps += 1
+        if generated < 1:  # a prefill chunk that ends no prompt: no token to charge
+            return
+        ms = seconds * 1e3 * threads / self.threads.narrow / generated
+        mean = self.ms_per_token
+        self.ms_per_token = ms if mean == 0 else mean + _MEAN_WEIGHT * (ms - mean)
+
+
+def install_step_threads(manager: Any, rule: StepThreadRule) -> None:
+    """Wraps ``manager``'s generation step (an instance attribute: transformers'
+    ``ContinuousBatchingManager._generation_step``) so ``rule`` sets each step's torch
+    threads and is told the step's time."""
+    step = manager._generation_step
+    current = [0]  # set on the first step: the generation thread's own count
+
+    def threaded_step() -> None:
+        batch = manager.batch_processor.inputs_and_outputs.requests_in_batch
+        tokens = sum(r.query_length for r in batch)
+        generated = sum(1 for r in batch if r.has_new_token)
+        threads = rule.choose(tokens)
+        if threads != current[0]:
+            torch.set_num_threads(threads)
+            current[0] = threads
+        began = time.perf_counter()
+        step()
+        rule.measured(threads, time.perf_counter() - began, generated)
+
+    manager._generation_step = threaded_step
