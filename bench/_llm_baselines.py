@@ -120,6 +120,88 @@ async def _openai_levels(
     return out
 
 
+async def _raw_stream(
+    conn: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    base_url: str,
+    key: str,
+    model: str,
+    max_tokens: int,
+) -> StreamTiming:
+    """One streamed completion over a kept HTTP/1.1 connection, read by hand (chunked
+    SSE, no client library): what a server adds, without a client's own parsing."""
+    import json
+
+    reader, writer = conn
+    path = httpx.URL(base_url).path.rstrip("/") + "/completions"
+    body = json.dumps(
+        {"model": model, "prompt": prompt(0), "max_tokens": max_tokens, "temperature": 1.0,
+         "seed": 0, "stream": True}
+    ).encode()  # fmt: skip
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: thaw\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    t0 = time.perf_counter()
+    writer.write(head.encode() + body)
+    status = await reader.readline()
+    if b" 200 " not in status:
+        raise RuntimeError(f"the raw stream got {status!r}")
+    while await reader.readline() not in (b"\r\n", b""):
+        pass  # headers: the body is chunked (an SSE stream)
+    first, tokens, pending = None, 0, b""
+    while size := int((await reader.readline()).strip() or b"0", 16):
+        pending += (await reader.readexactly(size + 2))[:-2]
+        *events, pending = pending.split(b"\n\n")
+        for event in events:
+            data = event.removeprefix(b"data: ")
+            if data == b"[DONE]":
+                continue
+            choices = json.loads(data).get("choices") or [{}]
+            if choices[0].get("text"):
+                tokens += 1
+                if first is None:
+                    first = time.perf_counter() - t0
+    await reader.readline()  # the CRLF after the last, empty chunk
+    return StreamTiming(0.0, first, time.perf_counter() - t0, tokens)
+
+
+async def _first_tokens(
+    base_url: str, key: str, model: str, trials: int, max_tokens: int
+) -> dict[str, list[float]]:
+    import openai
+
+    url = httpx.URL(base_url)
+    conn = await asyncio.open_connection(url.host, url.port)
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=600)
+    out: dict[str, list[float]] = {RAW_HTTP: [], OPENAI_SDK: []}
+    try:
+        async with client:
+            await _openai_stream(client, model, 0, max_tokens, time.perf_counter())  # warm-up
+            await _raw_stream(conn, base_url, key, model, max_tokens)
+            for _ in range(trials):  # alternated, call by call
+                raw = await _raw_stream(conn, base_url, key, model, max_tokens)
+                sdk = await _openai_stream(client, model, 0, max_tokens, time.perf_counter())
+                for name, t in ((RAW_HTTP, raw), (OPENAI_SDK, sdk)):
+                    if t.ttft_s is not None:
+                        out[name].append(t.ttft_s)
+    finally:
+        conn[1].close()
+    return out
+
+
+RAW_HTTP = "raw HTTP"
+OPENAI_SDK = "openai SDK"
+
+
+def first_tokens(
+    base_url: str, key: str, model: str, trials: int, max_tokens: int = 4
+) -> dict[str, list[float]]:
+    """TTFT at one stream, in seconds, through two clients alternated call by call:
+    a raw HTTP/1.1 reader (what the server adds) and the ``openai`` SDK (what a user's
+    client adds on top); prompt 0, seed 0, ``trials`` each."""
+    return asyncio.run(_first_tokens(base_url, key, model, trials, max_tokens))
+
+
 def openai_levels(
     base_url: str,
     key: str,

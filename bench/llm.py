@@ -20,6 +20,11 @@ as an LLM function with the sizes given, which the in-process engine gets too. W
 steps off (``worker.llm.threads``: every engine step on the replica's own threads), a
 second function on the same worker, its levels after thaw's.
 
+TTFT at one stream is also read apart (``--ttft-trials``, 4-token completions): thaw
+through a raw HTTP/1.1 reader and through the ``openai`` SDK, alternated call by call,
+beside the engine in-process; the raw reader's figure is what thaw adds as a server,
+the SDK's what a user's client adds on top of it.
+
 Each stream is a streamed completion with usage (thaw, ``transformers serve``) or a
 generate call (in-process), timed on the client: TTFT from the level's start to the
 first text (in-process too: tokens decoded as they come), TPOT the mean gap after
@@ -64,6 +69,7 @@ THAW_NARROW = "thaw, wide steps off"  # its off switch: every step on the replic
 ENGINE = "engine in-process"
 GENERATE = "sequential generate"
 SERVE = "transformers serve"
+FIRST_TOKEN_MAX = 4  # tokens a completion of the one-stream TTFT trials asks for
 SKIPPABLE = ("narrow", "serve", "generate", "engine", "cold")
 MODES = (THAW, THAW_NARROW, ENGINE, GENERATE, SERVE)  # the tables' order
 
@@ -200,6 +206,33 @@ def cold_table(cold: dict[str, Any]) -> TableSpec:
     return TableSpec(title, columns, body)
 
 
+def first_token_figures(
+    trials: int, engine: list[float] | None, thaw: dict[str, list[float]] | None
+) -> dict[str, Any] | None:
+    """TTFT at one stream, p50 in ms, by where it was read: the engine in-process, thaw
+    through a raw HTTP reader and through the ``openai`` SDK; each over the engine's."""
+    if not thaw:
+        return None
+    p50 = {ENGINE: statistics.median(engine) * 1000} if engine else {}
+    p50 |= {f"thaw, {name}": statistics.median(s) * 1000 for name, s in thaw.items() if s}
+    added = {m: ms - p50[ENGINE] for m, ms in p50.items() if ENGINE in p50 and m != ENGINE}
+    return {"trials": trials, "max_tokens": FIRST_TOKEN_MAX, "p50_ms": p50, "added_ms": added}
+
+
+def first_token_table(figures: dict[str, Any]) -> TableSpec:
+    columns = [Column("read by", justify="left"), Column("TTFT p50 ms")]
+    columns.append(Column("added over the engine ms"))
+    body = [
+        [mode, f"{ms:.1f}", _num(figures["added_ms"].get(mode), ".1f")]
+        for mode, ms in figures["p50_ms"].items()
+    ]
+    title = (
+        f"TTFT at one stream, {figures['max_tokens']}-token completions: p50 of "
+        f"{figures['trials']} calls each, thaw's two clients alternated call by call"
+    )
+    return TableSpec(title, columns, body)
+
+
 def measure_cold(
     stack: Any,
     model_dir: Path,
@@ -270,11 +303,15 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     results: dict[str, list[list[base.Level]]] = {}
     cold = None
     cpu: base.CpuSplit | None = None
+    thaw_first: dict[str, list[float]] | None = None
+    engine_first: list[float] | None = None
+    ttft_trials = args.ttft_trials
     with tempfile.TemporaryDirectory(prefix="thaw-bench-llm-") as tmp:
         if args.url:
-            results[THAW] = base.openai_levels(
-                f"{args.url}/openai/v1", args.key, args.function, levels, rounds, n
-            )
+            url = f"{args.url}/openai/v1"
+            results[THAW] = base.openai_levels(url, args.key, args.function, levels, rounds, n)
+            if ttft_trials:
+                thaw_first = base.first_tokens(url, args.key, args.function, ttft_trials)
         else:
             from bench._llm_stack import FUNCTION, NARROW_FUNCTION, installation
 
@@ -293,6 +330,9 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                         url, key, NARROW_FUNCTION, levels, rounds, n
                     )
                     say("thaw, wide steps off: done")
+                if ttft_trials:
+                    thaw_first = base.first_tokens(url, key, FUNCTION, ttft_trials)
+                    say("thaw, TTFT at one stream: done")
                 if "cold" not in args.skip:
                     trials = args.cold_trials
                     cold = measure_cold(stack, model_dir, sizes, trials, say, args.device)
@@ -307,6 +347,12 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                 say(f"transformers serve could not run: {exc}")
     if model_dir is not None and "engine" not in args.skip:
         results[ENGINE] = base.engine_levels(model_dir, levels, rounds, n, sizes, say, args.device)
+        if thaw_first:
+            one = [1]  # the one-stream trials: a level of one stream, once per trial
+            trials = base.engine_levels(
+                model_dir, one, ttft_trials, FIRST_TOKEN_MAX, sizes, say, args.device
+            )[0]
+            engine_first = [t.ttft_s for [t] in trials if t.ttft_s is not None]
     if model_dir is not None and "generate" not in args.skip:
         results[GENERATE] = base.generate_levels(model_dir, levels, rounds, n, say, args.device)
     rows = [
@@ -326,6 +372,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         "rows": with_ratios(rows),
         "cpu_per_token": cpu_rows,
         "cold_start": cold,
+        "first_token": first_token_figures(ttft_trials, engine_first, thaw_first),
     }
 
 
@@ -337,6 +384,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--cold-trials", type=int, default=3)
+    p.add_argument(
+        "--ttft-trials", type=int, default=15, help="one-stream TTFT calls per client (0: none)"
+    )
     p.add_argument("--skip", default="", help=f"comma-separated, of {', '.join(SKIPPABLE)}")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where models run")
     p.add_argument("--max-num-seqs", type=int, default=32)
@@ -376,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     tables = [streams_table(doc["rows"], title)]
     if doc["cpu_per_token"]:
         tables.append(cpu_table(doc["cpu_per_token"]))
+    if doc["first_token"] is not None:
+        tables.append(first_token_table(doc["first_token"]))
     if doc["cold_start"] is not None:
         tables.append(cold_table(doc["cold_start"]))
     for spec in tables:

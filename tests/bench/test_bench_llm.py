@@ -19,6 +19,8 @@ from bench.llm import (
     THAW_NARROW,
     check_model_dir,
     cold_table,
+    first_token_figures,
+    first_token_table,
     level_row,
     parse_args,
     streams_table,
@@ -91,6 +93,26 @@ def test_thaw_rows_get_ratios_to_each_baseline_and_the_ttft_it_adds() -> None:
     assert shown[0][-4:] == ["0.90", "6.00", "2.00", "20.0"]
 
 
+def test_ttft_at_one_stream_is_read_apart_by_client_over_the_engines() -> None:
+    thaw = {"raw HTTP": [0.012, 0.010, 0.011], "openai SDK": [0.016, 0.015, 0.017]}
+    figures = first_token_figures(3, [0.004, 0.005, 0.003], thaw)
+    assert figures is not None
+    assert figures["p50_ms"] == pytest.approx(
+        {ENGINE: 4.0, "thaw, raw HTTP": 11.0, "thaw, openai SDK": 16.0}
+    )
+    assert figures["added_ms"] == pytest.approx({"thaw, raw HTTP": 7.0, "thaw, openai SDK": 12.0})
+    rows = first_token_table(figures).rows
+    assert rows == [
+        [ENGINE, "4.0", "-"],
+        ["thaw, raw HTTP", "11.0", "7.0"],
+        ["thaw, openai SDK", "16.0", "12.0"],
+    ]
+    # Without the engine (skipped), thaw's figures stand alone; without thaw's, none.
+    alone = first_token_figures(3, None, thaw)
+    assert alone is not None and alone["added_ms"] == {} and ENGINE not in alone["p50_ms"]
+    assert first_token_figures(0, None, None) is None
+
+
 def test_the_cold_table_sets_thaw_beside_naive_with_phases() -> None:
     cold = {
         "trials": 3,
@@ -146,6 +168,7 @@ def _thaw_bench_llm(*args: str, timeout_s: float = 60) -> subprocess.CompletedPr
 def test_a_quick_run_sets_thaw_beside_every_baseline_and_naive(tmp_path: Path) -> None:
     out = tmp_path / "llm.json"
     args = ["--quick", "--streams", "1,3", "--rounds", "1", "--cold-trials", "1"]
+    args += ["--ttft-trials", "3"]
     proc = _thaw_bench_llm(*args, "--max-tokens", "8", "--json", str(out), timeout_s=850)
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(out.read_text())
@@ -167,6 +190,16 @@ def test_a_quick_run_sets_thaw_beside_every_baseline_and_naive(tmp_path: Path) -
         assert set(ms) == {"server", "worker", "replica", "clients"}
         assert ms["replica"] > 0 and ms["server"] > 0, ms
     assert "CPU per completion token" in proc.stdout
+    # TTFT at one stream, read by a raw HTTP reader and by the SDK, beside the engine's.
+    first = doc["first_token"]
+    assert first["trials"] == 3 and set(first["p50_ms"]) == {
+        ENGINE,
+        "thaw, raw HTTP",
+        "thaw, openai SDK",
+    }
+    assert all(ms > 0 for ms in first["p50_ms"].values()), first
+    assert set(first["added_ms"]) == {"thaw, raw HTTP", "thaw, openai SDK"}
+    assert "TTFT at one stream" in proc.stdout
     cold = doc["cold_start"]
     assert cold["thaw"]["all_pool_hits"] and cold["naive"]["first_token_s"] > 0
     assert {"imports_s", "load_s", "engine_s", "first_token_s"} == set(cold["naive"]["phases_s"])
