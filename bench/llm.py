@@ -18,7 +18,7 @@ as an LLM function with the sizes given, which the in-process engine gets too. W
 ``--url`` the function NAME of a running thaw is measured instead (no cold starts;
 ``--model`` then adds the baselines on that directory). thaw also runs with its wide
 steps off (``worker.llm.threads``: every engine step on the replica's own threads), a
-second function on the same worker, its levels after thaw's.
+second function on the same worker, a round of each in turn.
 
 TTFT at one stream is also read apart (``--ttft-trials``, 4-token completions): thaw
 through a raw HTTP/1.1 reader and through the ``openai`` SDK, alternated call by call,
@@ -206,6 +206,44 @@ def cold_table(cold: dict[str, Any]) -> TableSpec:
     return TableSpec(title, columns, body)
 
 
+def alternated_rounds(
+    url: str,
+    key: str,
+    levels: list[int],
+    rounds: int,
+    max_tokens: int,
+    cpu: base.CpuSplit | None,
+    wide_off: str | None,
+    say: Callable[[str], None],
+) -> tuple[list[list[base.Level]], list[list[base.Level]] | None]:
+    """thaw's levels, by level then round; with ``wide_off`` (its off-switch function)
+    that function's too, a round of each in turn, so the machine's drift hits both
+    alike. ``cpu`` gets thaw's CPU per level, summed over its rounds."""
+    from bench._llm_stack import FUNCTION
+
+    thaw: list[list[base.Level]] = [[] for _ in levels]
+    off: list[list[base.Level]] | None = None if wide_off is None else [[] for _ in levels]
+    spent: list[dict[str, float]] = [{} for _ in levels]
+    for r in range(rounds):
+        split = None if cpu is None else base.CpuSplit(cpu.groups)
+        for i, [level] in enumerate(
+            base.openai_levels(url, key, FUNCTION, levels, 1, max_tokens, split)
+        ):
+            thaw[i].append(level)
+        for i, seconds in enumerate([] if split is None else split.levels):
+            for part, s in seconds.items():
+                spent[i][part] = spent[i].get(part, 0.0) + s
+        if wide_off is not None and off is not None:
+            for i, [level] in enumerate(
+                base.openai_levels(url, key, wide_off, levels, 1, max_tokens)
+            ):
+                off[i].append(level)
+        say(f"thaw: round {r + 1} of {rounds} done")
+    if cpu is not None:
+        cpu.levels = spent
+    return thaw, off
+
+
 def first_token_figures(
     trials: int, engine: list[float] | None, thaw: dict[str, list[float]] | None
 ) -> dict[str, Any] | None:
@@ -323,13 +361,11 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                 url, key = f"{stack.url}/openai/v1", stack.admin_key
                 groups = _cpu.stack_groups(stack)
                 cpu = None if groups is None else base.CpuSplit(groups)
-                results[THAW] = base.openai_levels(url, key, FUNCTION, levels, rounds, n, cpu)
-                say("thaw: done")
-                if narrow:
-                    results[THAW_NARROW] = base.openai_levels(
-                        url, key, NARROW_FUNCTION, levels, rounds, n
-                    )
-                    say("thaw, wide steps off: done")
+                wide_off = NARROW_FUNCTION if narrow else None
+                thaw, off = alternated_rounds(url, key, levels, rounds, n, cpu, wide_off, say)
+                results[THAW] = thaw
+                if off is not None:
+                    results[THAW_NARROW] = off
                 if ttft_trials:
                     thaw_first = base.first_tokens(url, key, FUNCTION, ttft_trials)
                     say("thaw, TTFT at one stream: done")

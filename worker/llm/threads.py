@@ -11,12 +11,13 @@ the worker agent, the server and, on one machine, the callers (``bench/README.md
 
 A 76M-parameter model spends about 6.5 ms per token on one thread at 8 and 32 streams,
 so the serving core idles most of each step; a tiny test model spends a fraction of a
-millisecond, so the serving path is the limit. ``StepThreadRule`` times every step and
+millisecond, so the serving path is the limit. ``StepThreadRule`` times every step of
+``min_tokens`` tokens or more (fewer rows split too thinly across threads to gain, and
+a step of one sequence is all fixed cost: it would make any model look heavy) and
 keeps a moving mean of its time per generated token, scaled to the replica's own
-threads; a step then runs on ``wide`` threads when that mean reaches
-``wide_ms_per_token`` and the step carries ``min_tokens`` or more (fewer rows split too
-thinly across threads to gain), else on ``narrow``. Measured on 2 vCPUs, 76M model:
-see ``bench/README.md``, "Wide steps".
+threads; such a step then runs on ``wide`` threads when that mean reaches
+``wide_ms_per_token``, else on ``narrow``, as every smaller step does. Measured on 2
+vCPUs, 76M model: ``bench/README.md``, "Wide steps".
 
 ``torch.set_num_threads`` sets the calling thread's OpenMP team size, so the rule is
 applied on the manager's generation thread, before each step, and only when the count
@@ -64,13 +65,13 @@ class StepThreadRule:
         heavy = t.can_widen and self.ms_per_token >= t.wide_ms_per_token
         return t.wide if heavy and tokens >= t.min_tokens else t.narrow
 
-    def measured(self, threads: int, seconds: float, generated: int) -> None:
-        """One step's time on ``threads`` threads, which made ``generated`` tokens."""
+    def measured(self, threads: int, seconds: float, tokens: int, generated: int) -> None:
+        """One step's time on ``threads`` threads: ``tokens`` in, ``generated`` out."""
         self.steps += 1
         if threads > self.threads.narrow:
             self.wide_steps += 1
-        if generated < 1:  # a prefill chunk that ends no prompt: no token to charge
-            return
+        if tokens < self.threads.min_tokens or generated < 1:
+            return  # never wide; or a prefill chunk that ends no prompt (no token to charge)
         ms = seconds * 1e3 * threads / self.threads.narrow / generated
         mean = self.ms_per_token
         self.ms_per_token = ms if mean == 0 else mean + _MEAN_WEIGHT * (ms - mean)
@@ -93,6 +94,6 @@ def install_step_threads(manager: Any, rule: StepThreadRule) -> None:
             current[0] = threads
         began = time.perf_counter()
         step()
-        rule.measured(threads, time.perf_counter() - began, generated)
+        rule.measured(threads, time.perf_counter() - began, tokens, generated)
 
     manager._generation_step = threaded_step

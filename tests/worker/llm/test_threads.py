@@ -22,20 +22,31 @@ SIZES = EngineSizes(max_num_seqs=8, max_batch_tokens=256, kv_cache_bytes=4 << 20
 def test_a_step_goes_wide_only_when_heavy_per_token_and_large_enough() -> None:
     rule = StepThreadRule(StepThreads(narrow=1, wide=4, wide_ms_per_token=3.0, min_tokens=8))
     assert rule.choose(32) == 1  # nothing measured yet
-    rule.measured(1, 0.016, 8)  # 2 ms a token: the serving path would fill the spare cores
+    rule.measured(1, 0.016, 8, 8)  # 2 ms a token: the serving path would fill the spare cores
     assert rule.choose(32) == 1
-    rule.measured(1, 0.4, 8)  # 50 ms a token: far past 3 ms even in a moving mean
+    rule.measured(1, 0.4, 8, 8)  # 50 ms a token: far past 3 ms even in a moving mean
     assert rule.ms_per_token > 3.0
     assert rule.choose(32) == 4
     assert rule.choose(7) == 1  # too few rows to split across threads
     assert (rule.steps, rule.wide_steps) == (2, 0)
 
 
+def test_a_small_steps_time_does_not_count() -> None:
+    # One sequence's step is all fixed cost (30 ms for its one token here): it never
+    # goes wide, and must not make a light model look heavy for the batches after it.
+    rule = StepThreadRule(StepThreads(narrow=1, wide=2, wide_ms_per_token=3.0))
+    for _ in range(5):
+        rule.measured(1, 0.030, 1, 1)
+    assert rule.ms_per_token == 0.0 and rule.steps == 5
+    rule.measured(1, 0.008, 16, 16)  # 0.5 ms a token at 16 rows: light
+    assert rule.ms_per_token == pytest.approx(0.5) and rule.choose(16) == 1
+
+
 def test_a_wide_steps_time_counts_at_the_narrow_threads_and_prefill_chunks_count_none() -> None:
     rule = StepThreadRule(StepThreads(narrow=2, wide=4, wide_ms_per_token=3.0))
-    rule.measured(4, 0.010, 10)  # 1 ms a token on 4 threads: 2 ms on the narrow 2
+    rule.measured(4, 0.010, 10, 10)  # 1 ms a token on 4 threads: 2 ms on the narrow 2
     assert rule.ms_per_token == pytest.approx(2.0)
-    rule.measured(4, 5.0, 0)  # a prefill chunk that ends no prompt: no token to charge
+    rule.measured(4, 5.0, 256, 0)  # a prefill chunk that ends no prompt: no token to charge
     assert rule.ms_per_token == pytest.approx(2.0)
     assert (rule.steps, rule.wide_steps) == (2, 2)
 
@@ -43,7 +54,7 @@ def test_a_wide_steps_time_counts_at_the_narrow_threads_and_prefill_chunks_count
 def test_no_widening_without_spare_cores_or_with_the_option_off() -> None:
     for threads in (StepThreads(2, 2, 3.0), StepThreads(1, 2, 0.0)):
         rule = StepThreadRule(threads)
-        rule.measured(1, 10.0, 1)
+        rule.measured(1, 10.0, 64, 1)
         assert not threads.can_widen and rule.choose(64) == threads.narrow
     with pytest.raises(ValueError):
         StepThreads(narrow=3, wide=2)
