@@ -20,6 +20,7 @@ a level uses prompt ``i % len(PROMPTS)`` and sampling seed ``i``.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -61,6 +62,11 @@ class StreamTiming:
 
 Level = list[StreamTiming]
 Progress = Callable[[str], None]
+
+# TTFT at one stream: the two clients thaw is read through, and the tokens asked for.
+RAW_HTTP = "raw HTTP"
+OPENAI_SDK = "openai SDK"
+FIRST_TOKEN_MAX = 4
 
 
 def prompt(i: int) -> str:
@@ -129,8 +135,6 @@ async def _raw_stream(
 ) -> StreamTiming:
     """One streamed completion over a kept HTTP/1.1 connection, read by hand (chunked
     SSE, no client library): what a server adds, without a client's own parsing."""
-    import json
-
     reader, writer = conn
     path = httpx.URL(base_url).path.rstrip("/") + "/completions"
     body = json.dumps(
@@ -189,12 +193,8 @@ async def _first_tokens(
     return out
 
 
-RAW_HTTP = "raw HTTP"
-OPENAI_SDK = "openai SDK"
-
-
 def first_tokens(
-    base_url: str, key: str, model: str, trials: int, max_tokens: int = 4
+    base_url: str, key: str, model: str, trials: int, max_tokens: int = FIRST_TOKEN_MAX
 ) -> dict[str, list[float]]:
     """TTFT at one stream, in seconds, through two clients alternated call by call:
     a raw HTTP/1.1 reader (what the server adds) and the ``openai`` SDK (what a user's
@@ -326,8 +326,11 @@ def engine_levels(
     sizes: dict[str, int],
     progress: Progress,
     device: str = "cpu",
-) -> list[list[Level]]:
-    """The engine thaw's LLM functions run, in this process, a thread per stream."""
+    first_token_trials: int = 0,
+) -> tuple[list[list[Level]], list[StreamTiming]]:
+    """The engine thaw's LLM functions run, in this process, a thread per stream; then,
+    on the same engine, ``first_token_trials`` one-stream ``FIRST_TOKEN_MAX``-token
+    requests, one after another (TTFT at one stream)."""
     from worker.llm.engine import Sampling
 
     model, tokenizer = load(model_dir, device)
@@ -361,7 +364,8 @@ def engine_levels(
         for streams in levels:
             result.append([level(streams, max_tokens) for _ in range(rounds)])
             progress(f"engine in-process, {streams} streams: done")
-        return result
+        firsts = [t for _ in range(first_token_trials) for t in level(1, FIRST_TOKEN_MAX)]
+        return result, firsts
     finally:
         engine.close()
 

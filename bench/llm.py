@@ -69,7 +69,6 @@ THAW_NARROW = "thaw, wide steps off"  # its off switch: every step on the replic
 ENGINE = "engine in-process"
 GENERATE = "sequential generate"
 SERVE = "transformers serve"
-FIRST_TOKEN_MAX = 4  # tokens a completion of the one-stream TTFT trials asks for
 SKIPPABLE = ("narrow", "serve", "generate", "engine", "cold")
 MODES = (THAW, THAW_NARROW, ENGINE, GENERATE, SERVE)  # the tables' order
 
@@ -222,7 +221,7 @@ def alternated_rounds(
     from bench._llm_stack import FUNCTION
 
     thaw: list[list[base.Level]] = [[] for _ in levels]
-    off: list[list[base.Level]] | None = None if wide_off is None else [[] for _ in levels]
+    off: list[list[base.Level]] = [[] for _ in levels]
     spent: list[dict[str, float]] = [{} for _ in levels]
     for r in range(rounds):
         split = None if cpu is None else base.CpuSplit(cpu.groups)
@@ -233,7 +232,7 @@ def alternated_rounds(
         for i, seconds in enumerate([] if split is None else split.levels):
             for part, s in seconds.items():
                 spent[i][part] = spent[i].get(part, 0.0) + s
-        if wide_off is not None and off is not None:
+        if wide_off is not None:
             for i, [level] in enumerate(
                 base.openai_levels(url, key, wide_off, levels, 1, max_tokens)
             ):
@@ -241,7 +240,7 @@ def alternated_rounds(
         say(f"thaw: round {r + 1} of {rounds} done")
     if cpu is not None:
         cpu.levels = spent
-    return thaw, off
+    return thaw, None if wide_off is None else off
 
 
 def first_token_figures(
@@ -254,7 +253,8 @@ def first_token_figures(
     p50 = {ENGINE: statistics.median(engine) * 1000} if engine else {}
     p50 |= {f"thaw, {name}": statistics.median(s) * 1000 for name, s in thaw.items() if s}
     added = {m: ms - p50[ENGINE] for m, ms in p50.items() if ENGINE in p50 and m != ENGINE}
-    return {"trials": trials, "max_tokens": FIRST_TOKEN_MAX, "p50_ms": p50, "added_ms": added}
+    figures = {"trials": trials, "max_tokens": base.FIRST_TOKEN_MAX}
+    return {**figures, "p50_ms": p50, "added_ms": added}
 
 
 def first_token_table(figures: dict[str, Any]) -> TableSpec:
@@ -382,13 +382,11 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
             except RuntimeError as exc:
                 say(f"transformers serve could not run: {exc}")
     if model_dir is not None and "engine" not in args.skip:
-        results[ENGINE] = base.engine_levels(model_dir, levels, rounds, n, sizes, say, args.device)
-        if thaw_first:
-            one = [1]  # the one-stream trials: a level of one stream, once per trial
-            trials = base.engine_levels(
-                model_dir, one, ttft_trials, FIRST_TOKEN_MAX, sizes, say, args.device
-            )[0]
-            engine_first = [t.ttft_s for [t] in trials if t.ttft_s is not None]
+        trials = ttft_trials if thaw_first else 0
+        results[ENGINE], firsts = base.engine_levels(
+            model_dir, levels, rounds, n, sizes, say, args.device, trials
+        )
+        engine_first = [t.ttft_s for t in firsts if t.ttft_s is not None]
     if model_dir is not None and "generate" not in args.skip:
         results[GENERATE] = base.generate_levels(model_dir, levels, rounds, n, say, args.device)
     rows = [

@@ -29,7 +29,9 @@ import functools
 import json
 import re
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from starlette.datastructures import State
@@ -53,12 +55,19 @@ from control_plane.services.keys import Principal, PrincipalCache
 _PATH = re.compile(r"/v1/functions/([^/]+)/invoke")
 _DEADLINE = re.compile(rb"[0-9]+(\.[0-9]+)?")
 _BEARER = b"bearer "
+T = TypeVar("T")
 
 
 def invoke_threads() -> ThreadPoolExecutor:
     """The threads synchronous calls taken here wait on (a warm one runs on its own):
     a pool of their own costs a third of anyio's per hop (no cancel scope, no limiter)."""
     return ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="thaw-invoke")
+
+
+async def on_invoke_threads(state: State, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, blocking, on the app's invoke threads (``invoke_threads``)."""
+    threads: ThreadPoolExecutor = state.invoke_threads
+    return await asyncio.get_running_loop().run_in_executor(threads, functools.partial(fn, *args))
 
 
 class FastInvoke:
@@ -93,9 +102,8 @@ class FastInvoke:
             if not charge_if_known(state.rate_limiter, who, name):
                 await self.app(scope, _replay(body, receive), send)
                 return
-            call = functools.partial(invoke_sync, state.invocations, who, name, req, since, start_s)
-            threads: ThreadPoolExecutor = state.invoke_threads
-            response: Response = await asyncio.get_running_loop().run_in_executor(threads, call)
+            args = (state.invocations, who, name, req, since, start_s)
+            response: Response = await on_invoke_threads(state, invoke_sync, *args)
         except errors.HANDLED as exc:
             response = errors.response_for(exc)
         await response(scope, receive, send)

@@ -82,16 +82,17 @@ def install_step_threads(manager: Any, rule: StepThreadRule) -> None:
     ``ContinuousBatchingManager._generation_step``) so ``rule`` sets each step's torch
     threads and is told the step's time."""
     step = manager._generation_step
-    current = [0]  # set on the first step: the generation thread's own count
+    current = 0  # set on the first step: the generation thread's own count
 
     def threaded_step() -> None:
+        nonlocal current
         batch = manager.batch_processor.inputs_and_outputs.requests_in_batch
         tokens = sum(r.query_length for r in batch)
         generated = sum(1 for r in batch if r.has_new_token)
         threads = rule.choose(tokens)
-        if threads != current[0]:
+        if threads != current:
             torch.set_num_threads(threads)
-            current[0] = threads
+            current = threads
         began = time.perf_counter()
         step()
         rule.measured(threads, time.perf_counter() - began, tokens, generated)

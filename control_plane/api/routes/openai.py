@@ -18,13 +18,10 @@ Thin on purpose: the wire format is ``control_plane.openai``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
@@ -33,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from control_plane.api.deps import principal_of
 from control_plane.api.disconnect import until_disconnect
 from control_plane.api.errors import status_for
+from control_plane.api.fast_invoke import on_invoke_threads
 from control_plane.api.invoke_body import check
 from control_plane.api.rate_limits import charge_if_known
 from control_plane.api.timing import headers_for
@@ -118,11 +116,9 @@ async def _generate(
 
 
 async def _off_loop(request: Request, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)``, blocking, on the invoke threads (``api.fast_invoke.invoke_threads``,
-    as ``POST .../invoke`` uses): a third of anyio's cost per hop, on every request's
-    way to its first token."""
-    threads: ThreadPoolExecutor = request.app.state.invoke_threads
-    return await asyncio.get_running_loop().run_in_executor(threads, partial(fn, *args))
+    """``fn(*args)``, blocking, on the invoke threads, as ``POST .../invoke`` uses: a
+    third of anyio's cost per hop, on every request's way to its first token."""
+    return await on_invoke_threads(request.app.state, fn, *args)
 
 
 def _stream_headers(view: CallView, since: float) -> dict[str, str]:
