@@ -25,7 +25,8 @@ from starlette.types import ASGIApp
 
 from control_plane import gil, heap
 from control_plane.api import errors
-from control_plane.api.fast_invoke import FastInvoke, invoke_threads
+from control_plane.api.fast_invoke import FastInvoke
+from control_plane.api.invoke_threads import invoke_threads
 from control_plane.api.limits import BodySizeLimit
 from control_plane.api.rate_limits import enforce_rate_limit, make_rate_limiter
 from control_plane.api.routes import (

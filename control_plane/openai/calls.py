@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Function
@@ -38,6 +38,7 @@ from control_plane.openai.protocol import (
 )
 from control_plane.services import functions
 from control_plane.services.calls import CallView
+from control_plane.services.functions import ActiveVersion
 from control_plane.services.keys import Principal
 from control_plane.spec import FunctionSpec
 
@@ -50,41 +51,29 @@ class Target:
     function: str
     adapter: str | None
     spec: FunctionSpec
+
+
+class _Model(NamedTuple):
+    """An LLM function this key may call, as ``GET /models`` lists it."""
+
+    target: Target
     created: int
 
 
 def _llm_functions(
     session: Session, who: Principal, versions: functions.VersionCache
-) -> list[Target]:
+) -> list[_Model]:
     """Every LLM function this key may invoke, as deployed now."""
     fns = session.scalars(select(Function).order_by(Function.name))
-    return [t for t in (_llm_target(session, who, fn, versions) for fn in fns) if t is not None]
+    return [m for m in (_llm_model(session, who, fn, versions) for fn in fns) if m is not None]
 
 
-class _FunctionRow(NamedTuple):
-    """The columns of a function ``_llm_target`` reads (a row, not an ORM object)."""
-
-    id: int
-    created_at: float
-    name: str
-    active_version: int | None
-
-
-# ``resolve``'s read, built once: every OpenAI request runs it, before its call exists.
-_BY_NAME = select(Function.id, Function.created_at, Function.name, Function.active_version).where(
-    Function.name == bindparam("name")
-)
-
-
-def _llm_target(
-    session: Session,
-    who: Principal,
-    fn: Function | _FunctionRow | None,
-    versions: functions.VersionCache,
-) -> Target | None:
+def _llm_model(
+    session: Session, who: Principal, fn: Function, versions: functions.VersionCache
+) -> _Model | None:
     """``fn`` as an LLM function this key may invoke, or None. Its spec comes from
     ``versions`` (a deployed version never changes): no parse per request."""
-    if fn is None or fn.active_version is None:
+    if fn.active_version is None:
         return None
     try:
         who.require("invoke", fn.name)
@@ -92,33 +81,39 @@ def _llm_target(
         return None
     key = functions.FunctionKey(fn.id, fn.created_at, fn.name)
     spec = versions.version_of(session, key, fn.active_version).spec
-    return Target(fn.name, None, spec, int(fn.created_at)) if spec.llm is not None else None
+    return _Model(Target(fn.name, None, spec), int(fn.created_at)) if spec.llm else None
 
 
 def model_list(session: Session, who: Principal, versions: functions.VersionCache) -> ModelList:
     """One card per LLM function and one per ``function:adapter``."""
     cards = []
-    for target in _llm_functions(session, who, versions):
-        cards.append(ModelCard(id=target.function, created=target.created))
+    for target, created in _llm_functions(session, who, versions):
+        cards.append(ModelCard(id=target.function, created=created))
         for adapter in target.spec.adapters:
-            cards.append(ModelCard(id=f"{target.function}:{adapter.name}", created=target.created))
+            cards.append(ModelCard(id=f"{target.function}:{adapter.name}", created=created))
     return ModelList(data=cards)
 
 
-def resolve(
+class UnknownModel(Exception):
+    """``model`` names no LLM function (or adapter) this key may call: OpenAI's 404,
+    once its message lists what the key may call (``not_found``)."""
+
+
+def target_of(model: str, fn: ActiveVersion) -> Target:
+    """``model`` (``function`` or ``function:adapter``) on ``fn``, the version a call of
+    the function is accepted on. Raises ``UnknownModel``: not an LLM function, or an
+    adapter it does not list."""
+    _, _, adapter = model.partition(":")
+    if fn.spec.llm is None or (adapter and adapter not in {a.name for a in fn.spec.adapters}):
+        raise UnknownModel(model)
+    return Target(fn.name, adapter or None, fn.spec)
+
+
+def not_found(
     session: Session, who: Principal, model: str, versions: functions.VersionCache
-) -> Target:
-    """The function (and adapter) ``model`` names, or OpenAI's 404."""
-    who.require("invoke")  # a key that may call nothing learns nothing of names
-    name, _, adapter = model.partition(":")
-    found = session.connection().execute(_BY_NAME, {"name": name}).first()
-    fn = _FunctionRow(*found) if found is not None else None
-    target = _llm_target(session, who, fn, versions)
-    adapters = [a.name for a in target.spec.adapters] if target is not None else []
-    if target is None or (adapter and adapter not in adapters):
-        known = [card.id for card in model_list(session, who, versions).data]
-        raise model_not_found(model, known)
-    return Target(target.function, adapter or None, target.spec, target.created)
+) -> OpenAIError:
+    """OpenAI's 404 for ``model``, listing the models this key may call."""
+    return model_not_found(model, [card.id for card in model_list(session, who, versions).data])
 
 
 def call_input(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 from control_plane import fingerprints
 from control_plane.protocol import (
@@ -38,6 +39,7 @@ from control_plane.services.call_spans import call_spans, invoke_span
 from control_plane.services.calls import CallRequest, CallView
 from control_plane.services.context import Services
 from control_plane.services.direct_calls import Claim
+from control_plane.services.functions import ActiveVersion
 from control_plane.services.keys import Principal
 from control_plane.services.reconciler import Reconciler
 
@@ -60,12 +62,16 @@ class Invocations:
         self,
         who: Principal,
         function: str,
-        req: CallRequest,
+        req: CallRequest | Callable[[ActiveVersion], CallRequest],
         *,
         direct: bool = False,
         background: bool = False,
     ) -> tuple[CallView, bool]:
-        """Accept a call (or find it by idempotency key) and start routing it.
+        """Accept a call (or find it by idempotency key) and start routing it. ``req``
+        may be made from the version the call is accepted on (active or canary), in
+        the accepting transaction: a request whose meaning depends on the function's
+        spec (an OpenAI route's model and limits) costs no read of its own; what it
+        raises ends the request with nothing written.
 
         ``direct``: the caller will wait for the end; a new call that finds a
         ready replica with room is run here, over the worker's direct port,
@@ -80,6 +86,8 @@ class Invocations:
         claim: Claim | None = None
         with self.direct.lock if fast else contextlib.nullcontext(), self.s.db.session() as session:
             fn = canary.for_call(session, function, self.versions)  # active or canary
+            if not isinstance(req, CallRequest):
+                req = req(fn)
             now = self.s.clock()
             with calls.accepting(session, now, who, fn, req, self.s.registry) as (row, created):
                 if fast and created:  # routed before it is written

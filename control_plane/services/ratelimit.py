@@ -30,6 +30,8 @@ from control_plane.errors import BadRequestError, RateLimitedError
 from control_plane.services.ratelimit_zone import Buckets, MemoryBuckets
 
 FUNCTION_LIMITS_TTL_S = 2.0
+# Function limits kept at most: names come from requests (any name a caller sends).
+MAX_FUNCTION_LIMITS = 4096
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,10 @@ class RateLimiter:
             cached = self._limits.get(function)
         return cached is not None and self._clock() - cached[0] < FUNCTION_LIMITS_TTL_S
 
+    def learn(self, function: str) -> None:
+        """Read ``function``'s limit now (I/O), so that ``check`` soon after needs none."""
+        self._cached_function_limit(function)
+
     def _cached_function_limit(self, function: str) -> Limit | None:
         now = self._clock()
         with self._lock:
@@ -150,5 +156,7 @@ class RateLimiter:
             return cached[1]
         limit = self._function_limit(function)
         with self._lock:
+            if len(self._limits) >= MAX_FUNCTION_LIMITS:
+                self._limits.clear()  # read again as needed: 2 s old at most anyway
             self._limits[function] = (now, limit)
         return limit

@@ -38,7 +38,7 @@ class Exchange:
     headers: dict[bytes, bytes] = field(default_factory=dict)
 
 
-def _exchange(app: Any, body: bytes, headers: dict[str, str]) -> Exchange:
+def _exchange(app: Any, body: bytes, headers: dict[str, str], path: str = PATH) -> Exchange:
     out = Exchange()
 
     async def app_behind(scope: Any, receive: Any, send: Any) -> None:
@@ -70,7 +70,7 @@ def _exchange(app: Any, body: bytes, headers: dict[str, str]) -> Exchange:
         scope = {
             "type": "http",
             "method": "POST",
-            "path": PATH,
+            "path": path,
             "root_path": "",
             "app": app,
             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
@@ -147,6 +147,39 @@ def test_serves_a_sync_call_by_a_verified_key_and_passes_on_the_rest(
     }
     for what, (body, headers) in passed.items():
         ex = _exchange(app, body, headers)
+        assert (ex.passed_on, ex.status, ex.app_got) == (True, 299, body), what
+
+
+def test_serves_the_openai_completion_routes_with_a_declared_length(
+    served_app: tuple[Any, httpx.Client],
+) -> None:
+    app, _ = served_app
+    services = app.state.services
+    one_call = Limit(1e-6, 1)  # one token, never refilled in the test
+    services.principals.put(TOKEN, Principal("k1", frozenset({"invoke"}), rate=one_call))
+    services.principals.put("thaw_k2_secret", Principal("k2", frozenset({"invoke"}), "other"))
+    chat = json.dumps({"model": "echo", "messages": [{"role": "user", "content": "Hi"}]}).encode()
+    auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    sized = {**auth, "Content-Length": str(len(chat))}
+    route = "/openai/v1/chat/completions"
+
+    # Served here, by the route's own code: ``echo`` is no LLM function, so it is not
+    # a model (OpenAI's 404, as the app answers it), and no request for it is charged
+    # to the key's rate limit.
+    for headers in (sized, sized, {**sized, "Authorization": "Bearer thaw_k2_secret"}):
+        ex = _exchange(app, chat, headers, route)
+        assert (ex.passed_on, ex.status) == (False, 404), ex
+        assert json.loads(ex.body)["error"]["code"] == "model_not_found"
+    ex = _exchange(app, b"{", {**auth, "Content-Length": "1"}, "/openai/v1/completions")
+    assert (ex.passed_on, ex.status) == (False, 400) and b"not JSON" in ex.body
+
+    # Passed on: a body of no declared length, or one over the size limit.
+    passed = {
+        "no declared length": (chat, auth),
+        "over the size limit": (b" " * 2000, {**auth, "Content-Length": "2000"}),
+    }
+    for what, (body, headers) in passed.items():
+        ex = _exchange(app, body, headers, route)
         assert (ex.passed_on, ex.status, ex.app_got) == (True, 299, body), what
 
 

@@ -26,20 +26,28 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from control_plane.api.deps import principal_of
 from control_plane.api.disconnect import until_disconnect
 from control_plane.api.errors import status_for
-from control_plane.api.fast_invoke import on_invoke_threads
 from control_plane.api.invoke_body import check
+from control_plane.api.invoke_threads import on_invoke_threads
 from control_plane.api.rate_limits import charge_if_known
 from control_plane.api.timing import headers_for
-from control_plane.errors import ControlPlaneError, DeadlineExceededError, RateLimitedError
+from control_plane.errors import (
+    ControlPlaneError,
+    DeadlineExceededError,
+    ForbiddenError,
+    NotFoundError,
+    RateLimitedError,
+)
 from control_plane.openai import calls
 from control_plane.openai.errors import OpenAIError, invalid
 from control_plane.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from control_plane.services.activator import StreamItem
 from control_plane.services.calls import CallRequest, CallView
+from control_plane.services.functions import ActiveVersion
 from control_plane.services.invocations import Invocations
 from control_plane.services.keys import Principal
 from control_plane.services.ratelimit import RateLimiter, retry_after_header
@@ -67,6 +75,26 @@ async def list_models(request: Request) -> Response:
 def _models(inv: Invocations, who: Principal) -> dict[str, Any]:
     with inv.s.db.session() as session:
         return calls.model_list(session, who, inv.versions).model_dump(mode="json")
+
+
+#: The completion routes by path, as ``serve`` takes them.
+KINDS: dict[str, type[ChatCompletionRequest] | type[CompletionRequest]] = {
+    "/openai/v1/chat/completions": ChatCompletionRequest,
+    "/openai/v1/completions": CompletionRequest,
+}
+
+
+async def serve(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    kind: type[ChatCompletionRequest] | type[CompletionRequest],
+) -> None:
+    """A completion request served in front of the framework (``api.fast_invoke``): the
+    route's own code, without the router's matching and the middleware layers' wrappers
+    on every message, on the way to its first token and after it."""
+    response = await _generate(Request(scope, receive), kind)
+    await response(scope, receive, send)
 
 
 @router.post("/chat/completions")
@@ -151,15 +179,27 @@ def _accept(
     *,
     background: bool = True,
 ) -> CallView:
-    """The model resolved, the rate limits charged (as ``POST .../invoke`` charges them)
-    and the call accepted, in one trip off the event loop (blocking). ``background``:
-    a warm call starts on a thread of its own and this returns at once."""
-    with inv.s.db.session() as session:
-        target = calls.resolve(session, who, parsed.model, inv.versions)
-    if not charge_if_known(limiter, who, target.function):
-        limiter.check(who.key_id, who.rate, target.function)
-    call = CallRequest(calls.call_input(parsed, target), target.adapter, parsed.stream)
-    view, _ = inv.invoke(who, target.function, call, direct=True, background=background)
+    """The call accepted on the function ``parsed.model`` names, in one transaction that
+    also reads the model (``Invocations.invoke`` makes the call from the version it is
+    accepted on), and in one trip off the event loop (blocking). The rate limits are
+    charged as ``POST .../invoke`` charges them, once the model is one this key may call.
+    ``background``: a warm call starts on a thread of its own and this returns at once."""
+    who.require("invoke")  # a key that may call nothing learns nothing of names
+    name = parsed.model.partition(":")[0]
+    if not limiter.knows(name):
+        limiter.learn(name)  # read here, not in the accepting transaction
+
+    def call(fn: ActiveVersion) -> CallRequest:
+        target = calls.target_of(parsed.model, fn)
+        if not charge_if_known(limiter, who, name):
+            limiter.check(who.key_id, who.rate, name)
+        return CallRequest(calls.call_input(parsed, target), target.adapter, parsed.stream)
+
+    try:
+        view, _ = inv.invoke(who, name, call, direct=True, background=background)
+    except (NotFoundError, ForbiddenError, calls.UnknownModel):
+        with inv.s.db.session() as session:
+            raise calls.not_found(session, who, parsed.model, inv.versions) from None
     return view
 
 

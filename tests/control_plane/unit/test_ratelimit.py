@@ -6,6 +6,7 @@ import pytest
 
 from control_plane.errors import BadRequestError, RateLimitedError
 from control_plane.services.ratelimit import (
+    MAX_FUNCTION_LIMITS,
     Bucket,
     Limit,
     RateLimiter,
@@ -103,3 +104,14 @@ def test_the_limiter_knows_a_function_only_while_its_limit_is_fresh() -> None:
     assert limiter.knows("f") and reads == ["f"]
     clock.now += 3600
     assert not limiter.knows("f")
+
+
+def test_learning_a_limit_charges_nothing_and_names_from_requests_are_kept_bounded() -> None:
+    clock = FakeClock()
+    limiter = RateLimiter(clock, {"f": Limit(1.0, 1)}.get)
+    limiter.learn("f")  # read before a transaction, charged within it
+    assert limiter.knows("f")
+    limiter.check("k", None, "f")  # the one token is still there
+    for n in range(MAX_FUNCTION_LIMITS + 1):  # any name a caller sends
+        limiter.learn(f"nosuch-{n}")
+    assert len(limiter._limits) <= MAX_FUNCTION_LIMITS
