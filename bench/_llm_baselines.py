@@ -66,6 +66,7 @@ Progress = Callable[[str], None]
 # TTFT at one stream: the two clients thaw is read through, and the tokens asked for.
 RAW_HTTP = "raw HTTP"
 OPENAI_SDK = "openai SDK"
+IN_PROCESS = "in-process"  # the engine alone, alternated with them
 FIRST_TOKEN_MAX = 4
 
 
@@ -170,7 +171,7 @@ async def _raw_stream(
 
 
 async def _first_tokens(
-    base_url: str, key: str, model: str, trials: int, max_tokens: int
+    base_url: str, key: str, model: str, trials: int, max_tokens: int, engine: InProcess | None
 ) -> dict[str, list[float]]:
     import openai
 
@@ -178,6 +179,8 @@ async def _first_tokens(
     conn = await asyncio.open_connection(url.host, url.port)
     client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=600)
     out: dict[str, list[float]] = {RAW_HTTP: [], OPENAI_SDK: []}
+    if engine is not None:
+        out[IN_PROCESS] = []
     try:
         async with client:
             await _openai_stream(client, model, 0, max_tokens, time.perf_counter())  # warm-up
@@ -185,7 +188,10 @@ async def _first_tokens(
             for _ in range(trials):  # alternated, call by call
                 raw = await _raw_stream(conn, base_url, key, model, max_tokens)
                 sdk = await _openai_stream(client, model, 0, max_tokens, time.perf_counter())
-                for name, t in ((RAW_HTTP, raw), (OPENAI_SDK, sdk)):
+                timed = [(RAW_HTTP, raw), (OPENAI_SDK, sdk)]
+                if engine is not None:  # timed in its own thread, from its request on
+                    timed.append((IN_PROCESS, await asyncio.to_thread(engine.one, 0, max_tokens)))
+                for name, t in timed:
                     if t.ttft_s is not None:
                         out[name].append(t.ttft_s)
     finally:
@@ -194,12 +200,19 @@ async def _first_tokens(
 
 
 def first_tokens(
-    base_url: str, key: str, model: str, trials: int, max_tokens: int = FIRST_TOKEN_MAX
+    base_url: str,
+    key: str,
+    model: str,
+    trials: int,
+    max_tokens: int = FIRST_TOKEN_MAX,
+    engine: InProcess | None = None,
 ) -> dict[str, list[float]]:
-    """TTFT at one stream, in seconds, through two clients alternated call by call:
-    a raw HTTP/1.1 reader (what the server adds) and the ``openai`` SDK (what a user's
-    client adds on top); prompt 0, seed 0, ``trials`` each."""
-    return asyncio.run(_first_tokens(base_url, key, model, trials, max_tokens))
+    """TTFT at one stream, in seconds, by client, alternated call by call (the VM's
+    drift between runs is larger than what thaw adds): a raw HTTP/1.1 reader (what the
+    server adds), the ``openai`` SDK (what a user's client adds on top) and, with
+    ``engine``, the same engine in this process (``IN_PROCESS``); prompt 0, seed 0,
+    ``trials`` each."""
+    return asyncio.run(_first_tokens(base_url, key, model, trials, max_tokens, engine))
 
 
 def openai_levels(
@@ -318,56 +331,68 @@ def make_engine(model: Any, sizes: dict[str, int]) -> Any:
     return Engine(model, engine_sizes, eos_token_ids=_eos(model))
 
 
-def engine_levels(
-    model_dir: Path,
-    levels: list[int],
-    rounds: int,
-    max_tokens: int,
-    sizes: dict[str, int],
-    progress: Progress,
-    device: str = "cpu",
-    first_token_trials: int = 0,
-) -> tuple[list[list[Level]], list[StreamTiming]]:
-    """The engine thaw's LLM functions run, in this process, a thread per stream; then,
-    on the same engine, ``first_token_trials`` one-stream ``FIRST_TOKEN_MAX``-token
-    requests, one after another (TTFT at one stream)."""
-    from worker.llm.engine import Sampling
+@dataclass
+class InProcess:
+    """The engine thaw's LLM functions run, in this process, with the prompts tokenized."""
 
-    model, tokenizer = load(model_dir, device)
-    engine = make_engine(model, sizes)
-    ids = [list(tokenizer(p)["input_ids"]) for p in PROMPTS]
+    engine: Any
+    tokenizer: Any
+    ids: list[list[int]]
 
-    def one(i: int, t0: float, out: list[StreamTiming | None], n: int) -> None:
+    def one(self, i: int, max_tokens: int, t0: float | None = None) -> StreamTiming:
+        """Request ``i`` (prompt ``i % len(PROMPTS)``, seed ``i``), from ``t0`` (default:
+        now) to its first text and its end (blocking)."""
+        from worker.llm.engine import Sampling
+
+        t0 = time.perf_counter() if t0 is None else t0
         sent = time.perf_counter() - t0
         first, tokens = None, 0
-        sampling = Sampling(max_new_tokens=n, temperature=1.0, seed=i)
-        detok = IncrementalDetokenizer(tokenizer)
-        for step in engine.generate(ids[i % len(ids)], sampling):
+        sampling = Sampling(max_new_tokens=max_tokens, temperature=1.0, seed=i)
+        detok = IncrementalDetokenizer(self.tokenizer)
+        for step in self.engine.generate(self.ids[i % len(self.ids)], sampling):
             if first is None and detok.add(step.token_ids):
                 first = time.perf_counter() - t0
             tokens += len(step.token_ids)
-        out[i] = StreamTiming(sent, first, time.perf_counter() - t0, tokens)
+        return StreamTiming(sent, first, time.perf_counter() - t0, tokens)
 
-    def level(streams: int, n: int) -> Level:
+    def level(self, streams: int, max_tokens: int) -> Level:
+        """``streams`` requests at once, a thread each."""
         out: list[StreamTiming | None] = [None] * streams
         t0 = time.perf_counter()
-        threads = [threading.Thread(target=one, args=(i, t0, out, n)) for i in range(streams)]
+
+        def run(i: int) -> None:
+            out[i] = self.one(i, max_tokens, t0)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(streams)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         return [t for t in out if t is not None]
 
+
+@contextmanager
+def in_process(model_dir: Path, sizes: dict[str, int], device: str = "cpu") -> Iterator[InProcess]:
+    """The engine in this process on ``model_dir``, warmed up; closed after."""
+    model, tokenizer = load(model_dir, device)
+    engine = make_engine(model, sizes)
     try:
-        level(1, 4)  # warm-up, as for thaw
-        result = []
-        for streams in levels:
-            result.append([level(streams, max_tokens) for _ in range(rounds)])
-            progress(f"engine in-process, {streams} streams: done")
-        firsts = [t for _ in range(first_token_trials) for t in level(1, FIRST_TOKEN_MAX)]
-        return result, firsts
+        ran = InProcess(engine, tokenizer, [list(tokenizer(p)["input_ids"]) for p in PROMPTS])
+        ran.level(1, 4)  # warm-up, as for thaw
+        yield ran
     finally:
         engine.close()
+
+
+def engine_levels(
+    engine: InProcess, levels: list[int], rounds: int, max_tokens: int, progress: Progress
+) -> list[list[Level]]:
+    """Each level's rounds on the engine in this process, a thread per stream."""
+    result = []
+    for streams in levels:
+        result.append([engine.level(streams, max_tokens) for _ in range(rounds)])
+        progress(f"engine in-process, {streams} streams: done")
+    return result
 
 
 class _FirstText:

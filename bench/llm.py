@@ -21,9 +21,11 @@ steps off (``worker.llm.threads``: every engine step on the replica's own thread
 second function on the same worker, a round of each in turn.
 
 TTFT at one stream is also read apart (``--ttft-trials``, 4-token completions): thaw
-through a raw HTTP/1.1 reader and through the ``openai`` SDK, alternated call by call,
-beside the engine in-process; the raw reader's figure is what thaw adds as a server,
-the SDK's what a user's client adds on top of it.
+through a raw HTTP/1.1 reader and through the ``openai`` SDK, and the engine in this
+process (loaded beside thaw's replica for these calls), alternated call by call, since
+the machine's drift between runs is larger than what thaw adds; the raw reader's
+figure over the engine's is what thaw adds as a server, the SDK's what a user's
+client adds on top of it.
 
 Each stream is a streamed completion with usage (thaw, ``transformers serve``) or a
 generate call (in-process), timed on the client: TTFT from the level's start to the
@@ -42,6 +44,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -244,14 +247,20 @@ def alternated_rounds(
 
 
 def first_token_figures(
-    trials: int, engine: list[float] | None, thaw: dict[str, list[float]] | None
+    trials: int, firsts: dict[str, list[float]] | None
 ) -> dict[str, Any] | None:
-    """TTFT at one stream, p50 in ms, by where it was read: the engine in-process, thaw
-    through a raw HTTP reader and through the ``openai`` SDK; each over the engine's."""
-    if not thaw:
+    """TTFT at one stream, p50 in ms, by where it was read (``base.first_tokens``, calls
+    alternated): thaw through a raw HTTP reader and through the ``openai`` SDK, and the
+    engine in-process; thaw's each over the engine's."""
+    if not firsts:
         return None
-    p50 = {ENGINE: statistics.median(engine) * 1000} if engine else {}
-    p50 |= {f"thaw, {name}": statistics.median(s) * 1000 for name, s in thaw.items() if s}
+    p50 = (
+        {ENGINE: statistics.median(firsts[base.IN_PROCESS]) * 1000}
+        if firsts.get(base.IN_PROCESS)
+        else {}
+    )
+    thaw = {f"thaw, {name}": s for name, s in firsts.items() if name != base.IN_PROCESS and s}
+    p50 |= {mode: statistics.median(s) * 1000 for mode, s in thaw.items()}
     added = {m: ms - p50[ENGINE] for m, ms in p50.items() if ENGINE in p50 and m != ENGINE}
     figures = {"trials": trials, "max_tokens": base.FIRST_TOKEN_MAX}
     return {**figures, "p50_ms": p50, "added_ms": added}
@@ -266,7 +275,7 @@ def first_token_table(figures: dict[str, Any]) -> TableSpec:
     ]
     title = (
         f"TTFT at one stream, {figures['max_tokens']}-token completions: p50 of "
-        f"{figures['trials']} calls each, thaw's two clients alternated call by call"
+        f"{figures['trials']} calls each, alternated call by call"
     )
     return TableSpec(title, columns, body)
 
@@ -342,9 +351,9 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     cold = None
     cpu: base.CpuSplit | None = None
     thaw_first: dict[str, list[float]] | None = None
-    engine_first: list[float] | None = None
     ttft_trials = args.ttft_trials
-    with tempfile.TemporaryDirectory(prefix="thaw-bench-llm-") as tmp:
+    engine: base.InProcess | None = None
+    with tempfile.TemporaryDirectory(prefix="thaw-bench-llm-") as tmp, ExitStack() as held:
         if args.url:
             url = f"{args.url}/openai/v1"
             results[THAW] = base.openai_levels(url, args.key, args.function, levels, rounds, n)
@@ -366,12 +375,20 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                 results[THAW] = thaw
                 if off is not None:
                     results[THAW_NARROW] = off
-                if ttft_trials:
-                    thaw_first = base.first_tokens(url, key, FUNCTION, ttft_trials)
-                    say("thaw, TTFT at one stream: done")
                 if "cold" not in args.skip:
                     trials = args.cold_trials
                     cold = measure_cold(stack, model_dir, sizes, trials, say, args.device)
+                if ttft_trials:  # alternated with the engine in this process: loaded now
+                    if "engine" not in args.skip:
+                        loaded = base.in_process(model_dir, sizes, args.device)
+                        engine = held.enter_context(loaded)
+                    thaw_first = base.first_tokens(url, key, FUNCTION, ttft_trials, engine=engine)
+                    say("TTFT at one stream: done")
+        if model_dir is not None and "engine" not in args.skip:  # thaw is down by now
+            if engine is None:
+                engine = held.enter_context(base.in_process(model_dir, sizes, args.device))
+            results[ENGINE] = base.engine_levels(engine, levels, rounds, n, say)
+        held.close()  # the engine's memory is free for the next mode
         if model_dir is not None and "serve" not in args.skip:
             try:
                 log = Path(tmp) / "serve.log"
@@ -381,12 +398,6 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                 say("transformers serve: done")
             except RuntimeError as exc:
                 say(f"transformers serve could not run: {exc}")
-    if model_dir is not None and "engine" not in args.skip:
-        trials = ttft_trials if thaw_first else 0
-        results[ENGINE], firsts = base.engine_levels(
-            model_dir, levels, rounds, n, sizes, say, args.device, trials
-        )
-        engine_first = [t.ttft_s for t in firsts if t.ttft_s is not None]
     if model_dir is not None and "generate" not in args.skip:
         results[GENERATE] = base.generate_levels(model_dir, levels, rounds, n, say, args.device)
     rows = [
@@ -406,7 +417,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         "rows": with_ratios(rows),
         "cpu_per_token": cpu_rows,
         "cold_start": cold,
-        "first_token": first_token_figures(ttft_trials, engine_first, thaw_first),
+        "first_token": first_token_figures(ttft_trials, thaw_first),
     }
 
 

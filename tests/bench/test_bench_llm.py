@@ -95,7 +95,7 @@ def test_thaw_rows_get_ratios_to_each_baseline_and_the_ttft_it_adds() -> None:
 
 def test_ttft_at_one_stream_is_read_apart_by_client_over_the_engines() -> None:
     thaw = {"raw HTTP": [0.012, 0.010, 0.011], "openai SDK": [0.016, 0.015, 0.017]}
-    figures = first_token_figures(3, [0.004, 0.005, 0.003], thaw)
+    figures = first_token_figures(3, {**thaw, "in-process": [0.004, 0.005, 0.003]})
     assert figures is not None
     assert figures["p50_ms"] == pytest.approx(
         {ENGINE: 4.0, "thaw, raw HTTP": 11.0, "thaw, openai SDK": 16.0}
@@ -108,9 +108,9 @@ def test_ttft_at_one_stream_is_read_apart_by_client_over_the_engines() -> None:
         ["thaw, openai SDK", "16.0", "12.0"],
     ]
     # Without the engine (skipped), thaw's figures stand alone; without thaw's, none.
-    alone = first_token_figures(3, None, thaw)
+    alone = first_token_figures(3, thaw)
     assert alone is not None and alone["added_ms"] == {} and ENGINE not in alone["p50_ms"]
-    assert first_token_figures(0, None, None) is None
+    assert first_token_figures(0, None) is None
 
 
 def test_the_cold_table_sets_thaw_beside_naive_with_phases() -> None:
