@@ -18,7 +18,10 @@ as an LLM function with the sizes given, which the in-process engine gets too. W
 ``--url`` the function NAME of a running thaw is measured instead (no cold starts;
 ``--model`` then adds the baselines on that directory). thaw also runs with its wide
 steps off (``worker.llm.threads``: every engine step on the replica's own threads), a
-second function on the same worker, a round of each in turn.
+second function on the same worker; the engine in this process is loaded beside
+thaw's replicas (the model twice in memory), and a round of each of the three runs
+in turn, so the machine's drift (±30% between runs on a shared VM) hits all alike.
+What thaw's idle processes take from the engine meanwhile is shown, in cores.
 
 TTFT at one stream is also read apart (``--ttft-trials``, 4-token completions): thaw
 through a raw HTTP/1.1 reader and through the ``openai`` SDK, and the engine in this
@@ -43,8 +46,10 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +213,16 @@ def cold_table(cold: dict[str, Any]) -> TableSpec:
     return TableSpec(title, columns, body)
 
 
+@dataclass
+class Rounds:
+    """Each mode's levels, by level then round, from rounds taken in turn."""
+
+    thaw: list[list[base.Level]]
+    wide_off: list[list[base.Level]] | None
+    engine: list[list[base.Level]] | None
+    idle_cpu: float | None  # thaw's CPU during the engine's rounds, in cores (0.02: 2%)
+
+
 def alternated_rounds(
     url: str,
     key: str,
@@ -216,16 +231,21 @@ def alternated_rounds(
     max_tokens: int,
     cpu: base.CpuSplit | None,
     wide_off: str | None,
+    engine: base.InProcess | None,
     say: Callable[[str], None],
-) -> tuple[list[list[base.Level]], list[list[base.Level]] | None]:
-    """thaw's levels, by level then round; with ``wide_off`` (its off-switch function)
-    that function's too, a round of each in turn, so the machine's drift hits both
-    alike. ``cpu`` gets thaw's CPU per level, summed over its rounds."""
+) -> Rounds:
+    """thaw's levels; with ``wide_off`` (its off-switch function) that function's too,
+    and with ``engine`` the engine's in this process; a round of each in turn, so the
+    machine's drift hits all alike. ``cpu`` gets thaw's CPU per level, summed over its
+    rounds, and is read again over the engine's rounds: what thaw's idle processes
+    took from the engine beside them."""
     from bench._llm_stack import FUNCTION
 
     thaw: list[list[base.Level]] = [[] for _ in levels]
     off: list[list[base.Level]] = [[] for _ in levels]
+    alone: list[list[base.Level]] = [[] for _ in levels]
     spent: list[dict[str, float]] = [{} for _ in levels]
+    idle_s = engine_s = 0.0
     for r in range(rounds):
         split = None if cpu is None else base.CpuSplit(cpu.groups)
         for i, [level] in enumerate(
@@ -240,10 +260,23 @@ def alternated_rounds(
                 base.openai_levels(url, key, wide_off, levels, 1, max_tokens)
             ):
                 off[i].append(level)
+        if engine is not None:
+            meter = None if cpu is None else _cpu.TreeMeter(cpu.groups)
+            started = time.perf_counter()
+            for i, streams in enumerate(levels):
+                alone[i].append(engine.level(streams, max_tokens))
+            engine_s += time.perf_counter() - started
+            if meter is not None:
+                idle_s += sum(s for part, s in meter.spent_s().items() if part != "clients")
         say(f"thaw: round {r + 1} of {rounds} done")
     if cpu is not None:
         cpu.levels = spent
-    return thaw, None if wide_off is None else off
+    return Rounds(
+        thaw,
+        None if wide_off is None else off,
+        None if engine is None else alone,
+        idle_s / engine_s if engine is not None and cpu is not None and engine_s else None,
+    )
 
 
 def first_token_figures(
@@ -353,6 +386,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     thaw_first: dict[str, list[float]] | None = None
     ttft_trials = args.ttft_trials
     engine: base.InProcess | None = None
+    idle_cpu: float | None = None
     with tempfile.TemporaryDirectory(prefix="thaw-bench-llm-") as tmp, ExitStack() as held:
         if args.url:
             url = f"{args.url}/openai/v1"
@@ -371,23 +405,24 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                 groups = _cpu.stack_groups(stack)
                 cpu = None if groups is None else base.CpuSplit(groups)
                 wide_off = NARROW_FUNCTION if narrow else None
-                thaw, off = alternated_rounds(url, key, levels, rounds, n, cpu, wide_off, say)
-                results[THAW] = thaw
-                if off is not None:
-                    results[THAW_NARROW] = off
+                if "engine" not in args.skip:  # beside thaw, its rounds taken in turn
+                    engine = held.enter_context(base.in_process(model_dir, sizes, args.device))
+                taken = alternated_rounds(url, key, levels, rounds, n, cpu, wide_off, engine, say)
+                results[THAW] = taken.thaw
+                if taken.wide_off is not None:
+                    results[THAW_NARROW] = taken.wide_off
+                if taken.engine is not None:
+                    results[ENGINE] = taken.engine
+                idle_cpu = taken.idle_cpu
                 if "cold" not in args.skip:
                     trials = args.cold_trials
                     cold = measure_cold(stack, model_dir, sizes, trials, say, args.device)
-                if ttft_trials:  # alternated with the engine in this process: loaded now
-                    if "engine" not in args.skip:
-                        loaded = base.in_process(model_dir, sizes, args.device)
-                        engine = held.enter_context(loaded)
+                if ttft_trials:  # with the engine's calls in turn, when it runs
                     thaw_first = base.first_tokens(url, key, FUNCTION, ttft_trials, engine=engine)
                     say("TTFT at one stream: done")
-        if model_dir is not None and "engine" not in args.skip:  # thaw is down by now
-            if engine is None:
-                engine = held.enter_context(base.in_process(model_dir, sizes, args.device))
-            results[ENGINE] = base.engine_levels(engine, levels, rounds, n, say)
+        if model_dir is not None and "engine" not in args.skip and ENGINE not in results:
+            with base.in_process(model_dir, sizes, args.device) as alone:  # beside --url
+                results[ENGINE] = base.engine_levels(alone, levels, rounds, n, say)
         held.close()  # the engine's memory is free for the next mode
         if model_dir is not None and "serve" not in args.skip:
             try:
@@ -416,6 +451,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         "slo_tpot_ms": args.slo_tpot_ms,
         "rows": with_ratios(rows),
         "cpu_per_token": cpu_rows,
+        "thaw_idle_cpu_beside_engine": idle_cpu,
         "cold_start": cold,
         "first_token": first_token_figures(ttft_trials, thaw_first),
     }
@@ -480,6 +516,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"**{spec.title}**\n\n{markdown_table(spec)}\n")
         else:
             render_table(spec, out)
+    if (idle := doc["thaw_idle_cpu_beside_engine"]) is not None:
+        line = f"thaw's processes, idle beside the engine's rounds: {idle:.1%} of a core"
+        print(f"{line}\n" if args.markdown else line)
     if args.json_out:
         write_json_doc(doc, args.json_out)
     return 0
