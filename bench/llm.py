@@ -220,7 +220,9 @@ class Rounds:
     thaw: list[list[base.Level]]
     wide_off: list[list[base.Level]] | None
     engine: list[list[base.Level]] | None
-    idle_cpu: float | None  # thaw's CPU during the engine's rounds, in cores (0.02: 2%)
+    # thaw's CPU during the engine's rounds, in cores (0.02: 2%); read in /proc's 10 ms
+    # ticks, so only rounds of seconds give a figure to go by
+    idle_cpu: float | None
 
 
 def alternated_rounds(
