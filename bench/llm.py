@@ -277,7 +277,7 @@ def alternated_rounds(
         thaw,
         None if wide_off is None else off,
         None if engine is None else alone,
-        idle_s / engine_s if engine is not None and cpu is not None and engine_s else None,
+        idle_s / engine_s if cpu is not None and engine_s else None,  # engine_s: it ran
     )
 
 

@@ -145,7 +145,8 @@ class RateLimiter:
         return cached is not None and self._clock() - cached[0] < FUNCTION_LIMITS_TTL_S
 
     def learn(self, function: str) -> None:
-        """Read ``function``'s limit now (I/O), so that ``check`` soon after needs none."""
+        """Read ``function``'s limit now unless it is fresh (I/O), so that ``check`` soon
+        after needs none."""
         self._cached_function_limit(function)
 
     def _cached_function_limit(self, function: str) -> Limit | None:

@@ -77,10 +77,12 @@ def _models(inv: Invocations, who: Principal) -> dict[str, Any]:
         return calls.model_list(session, who, inv.versions).model_dump(mode="json")
 
 
+_CHAT, _TEXT = "/chat/completions", "/completions"
+
 #: The completion routes by path, as ``serve`` takes them.
 KINDS: dict[str, type[ChatCompletionRequest] | type[CompletionRequest]] = {
-    "/openai/v1/chat/completions": ChatCompletionRequest,
-    "/openai/v1/completions": CompletionRequest,
+    router.prefix + _CHAT: ChatCompletionRequest,
+    router.prefix + _TEXT: CompletionRequest,
 }
 
 
@@ -97,12 +99,12 @@ async def serve(
     await response(scope, receive, send)
 
 
-@router.post("/chat/completions")
+@router.post(_CHAT)
 async def chat_completions(request: Request) -> Response:
     return await _generate(request, ChatCompletionRequest)
 
 
-@router.post("/completions")
+@router.post(_TEXT)
 async def completions(request: Request) -> Response:
     return await _generate(request, CompletionRequest)
 
@@ -186,8 +188,7 @@ def _accept(
     ``background``: a warm call starts on a thread of its own and this returns at once."""
     who.require("invoke")  # a key that may call nothing learns nothing of names
     name = parsed.model.partition(":")[0]
-    if not limiter.knows(name):
-        limiter.learn(name)  # read here, not in the accepting transaction
+    limiter.learn(name)  # read here (when not fresh), not in the accepting transaction
 
     def call(fn: ActiveVersion) -> CallRequest:
         target = calls.target_of(parsed.model, fn)
