@@ -188,7 +188,9 @@ def test_a_quick_run_sets_thaw_beside_every_baseline_and_naive(tmp_path: Path) -
         assert level["tokens"] == row["tokens"] * row["rounds"], (level, row)
         ms = level["ms_per_token"]
         assert set(ms) == {"server", "worker", "replica", "clients"}
-        assert ms["replica"] > 0 and ms["server"] > 0, ms
+        # /proc counts CPU in 10 ms ticks: the server's few ms on this run's tiny levels
+        # can read 0 (the OpenAI routes now skip the framework); the replica's cannot.
+        assert ms["replica"] > 0 and min(ms.values()) >= 0, ms
     assert "CPU per completion token" in proc.stdout
     # The engine's rounds ran beside thaw's, in turn, and thaw's CPU meanwhile was read
     # (in /proc's 10 ms ticks: over this run's rounds of milliseconds, any share).
