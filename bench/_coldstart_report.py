@@ -26,10 +26,7 @@ LABELS = {
     "naive": "naive: fresh process, torch+transformers, from_pretrained, forward",
     "thaw_pool_hit": "thaw cold start, pool hit, weights in disk cache",
     "thaw_ram_tier": "thaw cold start, pool hit, weights in the host-RAM tier",
-    "thaw_pool_miss": (
-        "thaw cold start, pool miss (CPU: a fork of the zygote; CUDA: a new process), "
-        "weights in disk cache"
-    ),
+    "thaw_pool_miss": "thaw cold start, pool miss (a fork of the zygote), weights in disk cache",
     "thaw_pool_miss_spawn": "thaw cold start, pool miss, no zygote (a new interpreter)",
     "boto3_s3": "boto3 download, then from_pretrained + forward",
     "thaw_s3": "thaw cold start, weights only in S3 (empty worker cache)",

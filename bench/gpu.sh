@@ -3,21 +3,21 @@
 #
 #     bench/gpu.sh OUT_DIR [SECONDS] [STEPS]
 #
-# 1. the tests marked gpu (the loader's CUDA path, CUDA replicas, the RAM tier
-#    registered as pinned memory, a CUDA function through the control plane, the
-#    LLM engine and function on CUDA);
-# 2. bench/load.py's CUDA rows for a 1 GiB model (pinned host-to-device ceiling,
-#    safetensors and fastsafetensors and Run:ai to cuda, thaw from the disk cache
-#    and from the RAM tier);
+# 1. the tests marked gpu (the loader's CUDA path, CUDA replicas and CUDA forks of
+#    the zygote, the RAM tier registered as pinned memory, a CUDA function through
+#    the control plane, the LLM engine and function on CUDA);
+# 2. bench/llm.py --device cuda: thaw's OpenAI routes and the engine in-process
+#    at 1, 8 and 32 streams (the LLM cold start was measured; --skip cold);
 # 3. bench/coldstart.py --device cuda on a 1.1 B-parameter Llama made here
 #    (random bf16 weights, 3 shards): naive against pool miss, pool hit and the
 #    RAM tier, with the phases;
-# 4. bench/llm.py --device cuda: thaw's OpenAI routes and the engine in-process
-#    at 1, 8 and 32 streams, and the LLM cold start; then bench/llm_profile.py:
-#    py-spy's view of thaw's processes while one stream runs;
-# 5. the load rows again for an 8 GiB model, if time is left.
+# 4. bench/load.py's CUDA rows for a 1 GiB model (pinned host-to-device ceiling,
+#    safetensors and fastsafetensors and Run:ai to cuda, thaw from the disk cache
+#    and from the RAM tier);
+# 5. bench/llm_profile.py: py-spy's view of thaw's processes while one stream runs;
+# 6. the load rows again for an 8 GiB model, if time is left.
 #
-# STEPS (default tests,load-1g,coldstart,llm,llm-profile,load-8g) names the steps, so a
+# STEPS (default tests,llm,coldstart,load-1g,llm-profile,load-8g) names the steps, so a
 # second run in the same lease can skip what the first measured.
 # Each step is cut at its own limit and at SECONDS (default 520) from the start,
 # so that one run and a machine's start fit a 15-minute lease (on an H200 on
@@ -28,7 +28,7 @@
 set -u
 out=${1:?usage: bench/gpu.sh OUT_DIR [SECONDS]}
 budget=${2:-520}
-steps=,${3:-tests,load-1g,coldstart,llm,llm-profile,load-8g},
+steps=,${3:-tests,llm,coldstart,load-1g,llm-profile,load-8g},
 start=$(date +%s)
 cd "$(dirname "$0")/.."
 export COLUMNS=160 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
@@ -80,24 +80,24 @@ step tests 150 python3 -m pytest -m gpu -p no:cacheprovider -rA -q -W ignore::De
   -W ignore::FutureWarning "${tests[@]}"
 grep -E "passed|failed|error" "$out/tests.log" | tail -3
 
-cuda_rows=memcpy,h2d,safetensors-cuda,fastsafetensors,runai-cuda,thaw-cuda,thaw-ram-cuda,thaw-ram
-step load-1g 150 python3 bench/load.py --size-mb 1024 --trials 3 --methods "$cuda_rows" \
-  --data-dir "$data/load"
-tail -n 45 "$out/load-1g.log"
-
-wait "$builder"; tail -n 2 "$data/model.log"
-step coldstart 160 python3 bench/coldstart.py --model "$llama" --device cuda --trials 2 \
-  --data-dir "$data/coldstart"
-tail -n 30 "$out/coldstart.log"
-
 step llm 200 python3 bench/llm.py --device cuda --streams 1,8,32 --rounds 2 --cold-trials 2 \
-  --skip serve,generate --data-dir "$data/llm" --json "$out/llm.json"
+  --skip serve,generate,cold --data-dir "$data/llm" --json "$out/llm.json"
 # The stack's own logs (server, worker, replicas) follow, for a replica that never
 # became ready or a call that failed.
 find "$data/llm" -name '*.log' -newer "$out/env.log" 2>/dev/null | while read -r f; do
   printf '\n--- %s\n' "$f"; tail -n 80 "$f"
 done >>"$out/llm.log"
 tail -n 40 "$out/llm.log"
+
+wait "$builder"; tail -n 2 "$data/model.log"
+step coldstart 160 python3 bench/coldstart.py --model "$llama" --device cuda --trials 2 \
+  --data-dir "$data/coldstart"
+tail -n 30 "$out/coldstart.log"
+
+cuda_rows=memcpy,h2d,safetensors-cuda,fastsafetensors,runai-cuda,thaw-cuda,thaw-ram-cuda,thaw-ram
+step load-1g 150 python3 bench/load.py --size-mb 1024 --trials 3 --methods "$cuda_rows" \
+  --data-dir "$data/load"
+tail -n 45 "$out/load-1g.log"
 
 # Where a stream's time goes in each of thaw's processes on the GPU (py-spy), at 1 stream.
 step llm-profile 90 python3 bench/llm_profile.py --device cuda --streams 1 --seconds 15 --gil \

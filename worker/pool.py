@@ -19,7 +19,9 @@ With ``zygote`` (the worker's default) a generic CPU process is a fork of
 the worker's zygote (``worker.zygote``), which imported the libraries once:
 a refill or a pool miss costs a fork, not a fresh interpreter and its
 imports. Should the zygote fail, processes are spawned afresh until a new
-one starts. CUDA processes are always spawned.
+one starts. A CUDA process is a fork too, and makes its own CUDA context,
+when the zygote's imports left the CUDA driver uninitialised (the zygote
+checks, ``Zygote.forks_cuda``); it is spawned afresh otherwise.
 """
 
 from __future__ import annotations
@@ -296,11 +298,11 @@ class ProcessPool:
                 return
 
     def _spawn(self, device: str) -> GenericProcess:
-        # CUDA processes are spawned afresh: a CUDA context does not survive a fork,
-        # and forking one safely is not verified on a GPU yet.
         t0 = time.perf_counter()
-        zygote = self._zygote_running() if self.use_zygote and device == "cpu" else None
-        if zygote is not None:
+        zygote = self._zygote_running() if self.use_zygote else None
+        # A CUDA context does not survive a fork: a CUDA process is a fork only of a
+        # zygote that never initialised the driver, and makes its own context.
+        if zygote is not None and (device == "cpu" or zygote.forks_cuda):
             waited_ms = (time.perf_counter() - t0) * 1000
             try:
                 proc = fork_generic(zygote, device)

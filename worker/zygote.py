@@ -14,7 +14,11 @@ fork instead of a fresh interpreter.
 The control socket is a Unix ``SOCK_SEQPACKET`` pair (one message per
 packet); the child's own socket to the agent travels as ``SCM_RIGHTS``.
 The zygote initialises no device and starts no thread, so a fork of it is
-safe: CUDA and thread pools are created in the child. The child is the
+safe: CUDA and thread pools are created in the child. It asks torch about CUDA
+through NVML only (``PYTORCH_NVML_BASED_CUDA_CHECK``), and after its imports it
+checks that none of them initialised the CUDA driver (a child of a process that
+did cannot use CUDA): only then does it say it ``forks_cuda``, and the pool
+spawns CUDA processes afresh otherwise. The child is the
 zygote's, not the agent's: its exit code reaches the agent as ``exited``,
 and ``ForkedProcess`` gives the agent what it needs of a ``Popen``.
 The zygote exits when the agent's end closes; its children keep serving
@@ -43,6 +47,7 @@ from typing import IO, Any
 MAX_PACKET = 64 << 10
 START_TIMEOUT_S = 120.0
 SPAWN_TIMEOUT_S = 10.0
+_CUDA_ERROR_NOT_INITIALIZED = 3
 _log = logging.getLogger(__name__)
 
 
@@ -155,6 +160,7 @@ class Zygote:
             self.close()
             raise
         self.imports_ms = float(ready.get("imports_ms", 0.0))
+        self.forks_cuda = bool(ready.get("forks_cuda", False))
         self._reader = threading.Thread(target=self._read_loop, name="zygote", daemon=True)
         self._reader.start()
 
@@ -266,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     from worker.replica_child import import_libraries
 
     gil.tune()  # its forks inherit it
+    # torch.cuda.is_available() in an import would initialise the driver otherwise.
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
 
     t0 = time.perf_counter()
     try:
@@ -279,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the pipe
-    sock.send(json.dumps({"type": "ready", "imports_ms": imports_ms}).encode())
+    ready = {"type": "ready", "imports_ms": imports_ms, "forks_cuda": not cuda_initialized()}
+    sock.send(json.dumps(ready).encode())
     while True:
         readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
         if wake_r in readable:
@@ -293,6 +302,20 @@ def main(argv: list[str] | None = None) -> int:
             if not data:
                 return 0  # the agent is gone; children end when their sockets close
             _fork_child(sock, json.loads(data), fds, (wake_r, wake_w))
+
+
+def cuda_initialized() -> bool:
+    """Whether this process initialised the CUDA driver (``cuInit``), which a fork's
+    child could not then use. Asked of the driver itself: any of its calls but
+    ``cuInit`` answers CUDA_ERROR_NOT_INITIALIZED (3) before it. No driver: False."""
+    import ctypes
+
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    count = ctypes.c_int()
+    return int(driver.cuDeviceGetCount(ctypes.byref(count))) != _CUDA_ERROR_NOT_INITIALIZED
 
 
 def _fork_child(

@@ -18,6 +18,7 @@ from worker.child_protocol import AdapterRef, ReplicaSpec
 from worker.pool import ProcessPool
 from worker.runtimes.base import CallRequest
 from worker.runtimes.process import ProcessRuntime
+from worker.zygote import ForkedProcess
 
 pytestmark = [
     pytest.mark.gpu,
@@ -83,3 +84,34 @@ def test_a_pooled_cuda_process_starts_warm_and_a_restart_maps_the_ram_tier(
     first, second = loads
     assert first.store_gets > 0 and first.ram_bytes == 0
     assert second.ram_bytes == second.tensor_bytes and second.store_gets == 0
+
+
+def test_a_cuda_pool_miss_is_a_fork_of_the_zygote_with_its_own_context(
+    tmp_path: Path, llama_dir: Path
+) -> None:
+    registry = Registry(open_store(StoreConfig(url=str(tmp_path / "store"))))
+    model = push_directory(llama_dir, "llama:v1", registry).digest
+    spec = model_spec("r0", tmp_path / "store", model, tmp_path)
+    pool = ProcessPool(warm_size=0, zygote=True, preload=("transformers", "peft"))
+    pool.start_zygote()
+    runtime = ProcessRuntime(pool)
+    try:
+        assert pool._zygote is not None and pool._zygote.forks_cuda
+        cuda_spec = spec.model_copy(update={"device": "cuda"})
+        replicas = [
+            runtime.start(cuda_spec.model_copy(update={"replica_id": f"r{i}"}), lambda *_: None)
+            for i in range(2)
+        ]
+        done = [list(r.call(CallRequest("c", {"ids": [1, 2, 3]}))) for r in replicas]
+        for replica in replicas:
+            replica.stop()
+    finally:
+        runtime.close()
+    for replica, [result] in zip(replicas, done, strict=True):
+        assert result.kind == "succeeded", result.error
+        assert isinstance(replica.process.proc, ForkedProcess)
+        assert replica.phases_ms["device_init"] > 0.0  # its own context, made after the fork
+        assert replica.phases_ms["imports"] < pool._zygote.imports_ms
+    first, second = (torch.tensor(result.output["logits"]) for [result] in done)
+    torch.testing.assert_close(first, second)  # the same weights, on two contexts
+    assert done[0][0].output["preloaded"] == ["peft", "torch", "transformers"]  # from the zygote

@@ -196,3 +196,16 @@ def test_a_replica_has_the_workers_threads_at_most_its_containers_cpus() -> None
     assert replica_cpu_cores(8, start(None)) == 8
     assert replica_cpu_cores(8, start(2.5)) == 3
     assert replica_cpu_cores(None, start(2.5)) is None
+
+
+def test_the_zygotes_imports_leave_cuda_to_its_forks() -> None:
+    """transformers and peft imported, the CUDA driver is still uninitialised in the
+    zygote (its child could not use CUDA otherwise), so CUDA processes are forks too."""
+    from worker.zygote import Zygote, cuda_initialized
+
+    zygote = Zygote(("transformers", "peft"))
+    try:
+        assert zygote.forks_cuda
+    finally:
+        zygote.close()
+    assert not cuda_initialized()  # nor did this test process's own imports
