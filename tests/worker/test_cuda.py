@@ -97,6 +97,7 @@ def test_a_cuda_pool_miss_is_a_fork_of_the_zygote_with_its_own_context(
     runtime = ProcessRuntime(pool)
     try:
         assert pool._zygote is not None and pool._zygote.forks_cuda
+        zygote_imports_ms = pool._zygote.imports_ms
         cuda_spec = spec.model_copy(update={"device": "cuda"})
         replicas = [
             runtime.start(cuda_spec.model_copy(update={"replica_id": f"r{i}"}), lambda *_: None)
@@ -111,7 +112,7 @@ def test_a_cuda_pool_miss_is_a_fork_of_the_zygote_with_its_own_context(
         assert result.kind == "succeeded", result.error
         assert isinstance(replica.process.proc, ForkedProcess)
         assert replica.phases_ms["device_init"] > 0.0  # its own context, made after the fork
-        assert replica.phases_ms["imports"] < pool._zygote.imports_ms
+        assert replica.phases_ms["imports"] < zygote_imports_ms
     first, second = (torch.tensor(result.output["logits"]) for [result] in done)
     torch.testing.assert_close(first, second)  # the same weights, on two contexts
     assert done[0][0].output["preloaded"] == ["peft", "torch", "transformers"]  # from the zygote
