@@ -37,8 +37,8 @@ class PeerClosedError(FrameError):
     """The peer closed the connection at a frame boundary."""
 
 
-def encode_frame(message: dict[str, Any]) -> bytes:
-    body = json.dumps(message, separators=(",", ":")).encode()
+def encode_frame(message: dict[str, Any], *, allow_nan: bool = True) -> bytes:
+    body = json.dumps(message, separators=(",", ":"), allow_nan=allow_nan).encode()
     if len(body) > MAX_FRAME_BYTES:
         raise FrameError(
             f"frame of {len(body)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit; "
@@ -72,7 +72,10 @@ class FrameSocket:
         self._buf = bytearray()
 
     def send(self, message: dict[str, Any]) -> None:
-        data = encode_frame(message)
+        self.send_frame(encode_frame(message))
+
+    def send_frame(self, data: bytes) -> None:
+        """Send a frame ``encode_frame`` made."""
         with self._write_lock:
             self.sock.sendall(data)
 

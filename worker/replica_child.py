@@ -303,21 +303,35 @@ class ChildServer:
                 timings.setdefault(name, ms)
 
     def _collect(self, result: Any, msg: Any, t0: float, timings: dict[str, float]) -> Any:
-        from worker.child_protocol import Output, dump
         from worker.sdk import is_stream
 
         if is_stream(result):
             chunks = []
             for chunk in result:
-                _check_json(chunk)
-                timings.setdefault("first_output", (time.perf_counter() - t0) * 1000)
                 if msg.stream:
-                    self.conn.send(dump(Output(call_id=msg.call_id, chunk=chunk)))
+                    frame = _output_frame(msg.call_id, chunk)
+                    timings.setdefault("first_output", (time.perf_counter() - t0) * 1000)
+                    self.conn.send_frame(frame)
                 else:
+                    _check_json(chunk)
+                    timings.setdefault("first_output", (time.perf_counter() - t0) * 1000)
                     chunks.append(chunk)
             result = None if msg.stream else chunks
         _check_json(result)
         return result
+
+
+def _output_frame(call_id: str, chunk: Any) -> bytes:
+    """A streamed chunk's ``Output`` frame, encoded once, which checks it is JSON too.
+    A chunk with NaN or an infinity takes pydantic's JSON mode, which makes them null."""
+    from worker.child_protocol import Output, dump
+    from worker.frames import encode_frame
+
+    try:
+        return encode_frame({"type": "output", "call_id": call_id, "chunk": chunk}, allow_nan=False)
+    except (TypeError, ValueError):
+        _check_json(chunk)  # the function's error, if it is not JSON at all
+        return encode_frame(dump(Output(call_id=call_id, chunk=chunk)))
 
 
 def _check_json(value: Any) -> None:

@@ -96,6 +96,20 @@ def test_streaming_yields_each_chunk_then_succeeds(runtime: ProcessRuntime) -> N
     assert (collected.kind, collected.output) == ("succeeded", [{"i": 0}, {"i": 1}, {"i": 2}])
 
 
+def test_a_streamed_chunk_is_json_or_fails_the_call(runtime: ProcessRuntime) -> None:
+    """NaN and infinities go out as null; a chunk that is not JSON fails the call,
+    after the chunks before it went out."""
+    replica = runtime.start(spec("basic:Stream"), Exits())
+    try:
+        odd_floats = run(replica, "c1", {"n": 1, "odd": "nan"}, stream=True)
+        not_json = run(replica, "c2", {"n": 1, "odd": "set"}, stream=True)
+    finally:
+        replica.stop()
+    assert streamed(odd_floats) == (["output", "succeeded"], [{"i": 0}, {"x": None, "y": None}])
+    assert streamed(not_json) == (["output", "failed"], [{"i": 0}])
+    assert "not JSON" in (not_json[-1].error or "")
+
+
 def test_raise_fails_the_call_with_traceback_and_keeps_the_replica(
     flaky: tuple[ProcessReplica, Exits],
 ) -> None:

@@ -129,6 +129,27 @@ class TokenStep:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def then(self, later: TokenStep) -> TokenStep:
+        """This step and ``later`` as one, handed over when ``later`` was."""
+        started = self.started_s if self.started_s is not None else later.started_s
+        return TokenStep(self.token_ids + later.token_ids, later.at_s, later.finish_reason, started)
+
+
+def _with_waiting(step: TokenStep, steps: queue.Queue[Any]) -> tuple[TokenStep, Any]:
+    """``step`` joined with the steps already waiting behind it, and the error that
+    followed them if one did (None otherwise). A reader that fell behind the batch (a
+    busy interpreter, a slow consumer) takes what it missed in one step, so each
+    token is not one more event through the replica, the worker and the server."""
+    while not step.finished:
+        try:
+            later = steps.get_nowait()
+        except queue.Empty:
+            break
+        if isinstance(later, BaseException):
+            return step, later
+        step = step.then(later)
+    return step, None
+
 
 @dataclass
 class _Stream:
@@ -226,13 +247,18 @@ class Engine:
             )
             if added is None:
                 raise EngineError("the engine is not taking requests (stopping)")
+            held: Any = None  # what the last drain took past its step: an error
             while not finished:
-                try:  # woken now and then: a cancel raised in this thread lands here
-                    step = stream.queue.get(timeout=_WAKE_S)
-                except queue.Empty:
-                    continue
+                if held is not None:
+                    step, held = held, None
+                else:
+                    try:  # woken now and then: a cancel raised in this thread lands here
+                        step = stream.queue.get(timeout=_WAKE_S)
+                    except queue.Empty:
+                        continue
                 if isinstance(step, BaseException):
                     raise EngineError(str(step))
+                step, held = _with_waiting(step, stream.queue)
                 finished = step.finished
                 yield step
         finally:

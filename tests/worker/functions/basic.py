@@ -30,6 +30,11 @@ class Stream:
     def __call__(self, input: Any) -> Any:
         for i in range(int(input["n"])):
             yield {"i": i}
+        odd = input.get("odd")  # a last chunk JSON cannot hold as it is, or at all
+        if odd == "nan":
+            yield {"x": float("nan"), "y": float("inf")}
+        elif odd == "set":
+            yield {"s": {1, 2}}
 
 
 class Flaky:

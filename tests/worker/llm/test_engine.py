@@ -5,6 +5,7 @@ its batch; a request left early frees its sequence."""
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +14,15 @@ from typing import Any
 import pytest
 import torch
 
-from worker.llm.engine import Engine, EngineError, EngineSizes, Sampling, TokenStep, kv_blocks
+from worker.llm.engine import (
+    Engine,
+    EngineError,
+    EngineSizes,
+    Sampling,
+    TokenStep,
+    _with_waiting,
+    kv_blocks,
+)
 
 VOCAB = 256
 EOS = 2
@@ -236,3 +245,21 @@ def test_ignore_eos_runs_past_the_end_of_text(model: Any) -> None:
         assert ran_on[: len(stopped)] == stopped
     finally:
         engine.close()
+
+
+def test_a_reader_behind_the_batch_takes_the_steps_it_missed_as_one() -> None:
+    steps: queue.Queue[Any] = queue.Queue()
+    for step in (TokenStep([2], 2.0), TokenStep([3, 4], 3.0, "length")):
+        steps.put(step)
+    steps.put(TokenStep([9], 9.0))  # another request's would never be here; past the end
+    joined, held = _with_waiting(TokenStep([1], 1.0, None, 0.5), steps)
+    assert joined == TokenStep([1, 2, 3, 4], 3.0, "length", 0.5) and held is None
+    assert steps.qsize() == 1  # nothing taken past the finish
+
+    failure = RuntimeError("generation failed")
+    steps = queue.Queue()
+    steps.put(TokenStep([2], 2.0))
+    steps.put(failure)
+    joined, held = _with_waiting(TokenStep([1], 1.0), steps)
+    assert joined == TokenStep([1, 2], 2.0) and held is failure
+    assert _with_waiting(TokenStep([7], 7.0), queue.Queue()) == (TokenStep([7], 7.0), None)
