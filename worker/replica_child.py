@@ -324,12 +324,13 @@ class ChildServer:
 def _output_frame(call_id: str, chunk: Any) -> bytes:
     """A streamed chunk's ``Output`` frame, encoded once, which checks it is JSON too.
     A chunk with NaN or an infinity takes pydantic's JSON mode, which makes them null."""
-    from worker.child_protocol import Output, dump
     from worker.frames import encode_frame
 
     try:
         return encode_frame({"type": "output", "call_id": call_id, "chunk": chunk}, allow_nan=False)
     except (TypeError, ValueError):
+        from worker.child_protocol import Output, dump
+
         _check_json(chunk)  # the function's error, if it is not JSON at all
         return encode_frame(dump(Output(call_id=call_id, chunk=chunk)))
 

@@ -59,12 +59,17 @@ def test_cuda_replica_gets_weights_and_adapters_on_the_gpu(
     assert replica.phases_ms["device_init"] > 0.0
 
 
+def llama_spec(tmp_path: Path, llama_dir: Path) -> ReplicaSpec:
+    """A replica of the LoRA test function over ``llama_dir``, pushed to a local store."""
+    registry = Registry(open_store(StoreConfig(url=str(tmp_path / "store"))))
+    model = push_directory(llama_dir, "llama:v1", registry).digest
+    return model_spec("r0", tmp_path / "store", model, tmp_path)
+
+
 def test_a_pooled_cuda_process_starts_warm_and_a_restart_maps_the_ram_tier(
     tmp_path: Path, llama_dir: Path
 ) -> None:
-    registry = Registry(open_store(StoreConfig(url=str(tmp_path / "store"))))
-    model = push_directory(llama_dir, "llama:v1", registry).digest
-    spec = model_spec("r0", tmp_path / "store", model, tmp_path)
+    spec = llama_spec(tmp_path, llama_dir)
     pool = ProcessPool(warm_size=1, store=spec.store, preload=("transformers", "peft"))
     runtime = ProcessRuntime(pool)
     loads = []
@@ -89,9 +94,7 @@ def test_a_pooled_cuda_process_starts_warm_and_a_restart_maps_the_ram_tier(
 def test_a_cuda_pool_miss_is_a_fork_of_the_zygote_with_its_own_context(
     tmp_path: Path, llama_dir: Path
 ) -> None:
-    registry = Registry(open_store(StoreConfig(url=str(tmp_path / "store"))))
-    model = push_directory(llama_dir, "llama:v1", registry).digest
-    spec = model_spec("r0", tmp_path / "store", model, tmp_path)
+    spec = llama_spec(tmp_path, llama_dir)
     pool = ProcessPool(warm_size=0, zygote=True, preload=("transformers", "peft"))
     pool.start_zygote()
     runtime = ProcessRuntime(pool)
