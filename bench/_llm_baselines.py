@@ -27,8 +27,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,8 @@ Progress = Callable[[str], None]
 RAW_HTTP = "raw HTTP"
 OPENAI_SDK = "openai SDK"
 IN_PROCESS = "in-process"  # the engine alone, alternated with them
+# The clients a level's streams are read with (``openai_levels``).
+RAW, SDK = "raw", "sdk"
 FIRST_TOKEN_MAX = 4
 
 
@@ -77,28 +79,6 @@ def prompt(i: int) -> str:
 # --- OpenAI routes (thaw, transformers serve) ---------------------------------------
 
 
-async def _openai_stream(
-    client: Any, model: str, i: int, max_tokens: int, t0: float
-) -> StreamTiming:
-    sent = time.perf_counter() - t0
-    first, tokens = None, 0
-    stream = await client.completions.create(
-        model=model,
-        prompt=prompt(i),
-        max_tokens=max_tokens,
-        temperature=1.0,
-        seed=i,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    async for chunk in stream:
-        if chunk.choices and chunk.choices[0].text and first is None:
-            first = time.perf_counter() - t0
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
-    return StreamTiming(sent, first, time.perf_counter() - t0, tokens)
-
-
 async def _openai_levels(
     base_url: str,
     key: str,
@@ -107,19 +87,17 @@ async def _openai_levels(
     rounds: int,
     max_tokens: int,
     cpu: CpuSplit | None,
+    client_kind: str,
 ) -> list[list[Level]]:
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=600)
-    async with client:
-        await _openai_stream(client, model, 0, 4, time.perf_counter())  # warm-up
+    async with _client(base_url, key, client_kind) as stream:
+        await stream(model, 0, 4, time.perf_counter())  # warm-up
         out = []
         for streams in levels:
             per_round = []
             meter = None if cpu is None else TreeMeter(cpu.groups)
             for _ in range(rounds):
                 t0 = time.perf_counter()
-                calls = (_openai_stream(client, model, i, max_tokens, t0) for i in range(streams))
+                calls = (stream(model, i, max_tokens, t0) for i in range(streams))
                 per_round.append(list(await asyncio.gather(*calls)))
             if cpu is not None and meter is not None:
                 cpu.levels.append(meter.spent_s())
@@ -127,47 +105,142 @@ async def _openai_levels(
     return out
 
 
-async def _raw_stream(
-    conn: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-    base_url: str,
-    key: str,
-    model: str,
-    max_tokens: int,
+# A streamed completion: (model, call i of its level, max_tokens, t0) -> its timing.
+Stream = Callable[[str, int, int, float], Awaitable[StreamTiming]]
+
+
+@asynccontextmanager
+async def _client(base_url: str, key: str, kind: str) -> AsyncIterator[Stream]:
+    """``kind``'s streamed completion: ``RAW`` (``RawClient``) or ``SDK`` (the
+    ``openai`` SDK's async client)."""
+    if kind == RAW:
+        async with RawClient(base_url, key) as raw:
+            yield raw.completion
+        return
+    import openai
+
+    sdk = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=600)
+    async with sdk:
+
+        async def completion(model: str, i: int, max_tokens: int, t0: float) -> StreamTiming:
+            return await _openai_stream(sdk, model, i, max_tokens, t0)
+
+        yield completion
+
+
+def _request(model: str, i: int, max_tokens: int) -> dict[str, Any]:
+    """Call ``i`` of a level, as both clients send it."""
+    return {
+        "model": model,
+        "prompt": prompt(i),
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "seed": i,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+async def _openai_stream(
+    client: Any, model: str, i: int, max_tokens: int, t0: float
 ) -> StreamTiming:
-    """One streamed completion over a kept HTTP/1.1 connection, read by hand (chunked
-    SSE, no client library): what a server adds, without a client's own parsing."""
-    reader, writer = conn
-    path = httpx.URL(base_url).path.rstrip("/") + "/completions"
-    body = json.dumps(
-        {"model": model, "prompt": prompt(0), "max_tokens": max_tokens, "temperature": 1.0,
-         "seed": 0, "stream": True}
-    ).encode()  # fmt: skip
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: thaw\r\nAuthorization: Bearer {key}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
-    t0 = time.perf_counter()
-    writer.write(head.encode() + body)
+    sent = time.perf_counter() - t0
+    first, tokens = None, 0
+    stream = await client.completions.create(**_request(model, i, max_tokens))
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].text and first is None:
+            first = time.perf_counter() - t0
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    return StreamTiming(sent, first, time.perf_counter() - t0, tokens)
+
+
+class RawClient:
+    """Streamed completions over kept HTTP/1.1 connections, read by hand: chunked
+    transfer, server-sent events, one ``json.loads`` an event, the way vLLM's serving
+    benchmark reads them. A load generator on the machine it measures takes its CPU
+    from the server beside it: the ``openai`` SDK builds pydantic objects for every
+    chunk (about 0.19 ms of CPU a token on two vCPUs, as much as thaw's worker
+    spends), this reader a fraction of that. A connection is kept for the next call
+    unless the server says it closes it; one it closed while kept (its keep-alive
+    timeout) is replaced, and the call sent again."""
+
+    def __init__(self, base_url: str, key: str) -> None:
+        url = httpx.URL(base_url)
+        self._addr = (url.host, url.port or 80)
+        self._head = (
+            f"POST {url.path.rstrip('/')}/completions HTTP/1.1\r\nHost: {url.host}\r\n"
+            f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+        )
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def __aenter__(self) -> RawClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for _, writer in self._idle:
+            writer.close()
+        self._idle.clear()
+
+    async def completion(self, model: str, i: int, max_tokens: int, t0: float) -> StreamTiming:
+        """Call ``i`` (``_request``), timed from ``t0``; its tokens are its usage's."""
+        sent = time.perf_counter() - t0
+        body = json.dumps(_request(model, i, max_tokens)).encode()
+        request = f"{self._head}Content-Length: {len(body)}\r\n\r\n".encode() + body
+        while True:
+            kept = bool(self._idle)  # a kept connection the server may have closed since
+            conn = self._idle.pop() if kept else await asyncio.open_connection(*self._addr)
+            try:
+                conn[1].write(request)
+                first, tokens, keep = await _read_events(conn[0], t0)
+                break
+            except ConnectionResetError:
+                conn[1].close()
+                if not kept:
+                    raise
+            except BaseException:
+                conn[1].close()
+                raise
+        if keep:
+            self._idle.append(conn)
+        else:
+            conn[1].close()
+        return StreamTiming(sent, first, time.perf_counter() - t0, tokens)
+
+
+async def _read_events(reader: asyncio.StreamReader, t0: float) -> tuple[float | None, int, bool]:
+    """A streamed completion's response: seconds from ``t0`` to its first text, its
+    completion tokens (from its usage event) and whether its connection may be kept.
+    Raises RuntimeError, with the body's start, for any answer but an event stream."""
     status = await reader.readline()
-    if b" 200 " not in status:
-        raise RuntimeError(f"the raw stream got {status!r}")
-    while await reader.readline() not in (b"\r\n", b""):
-        pass  # headers: the body is chunked (an SSE stream)
+    if not status:
+        raise ConnectionResetError("the server closed the connection before it answered")
+    headers: dict[str, str] = {}
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip().lower()
+    if b" 200 " not in status or headers.get("transfer-encoding") != "chunked":
+        length = int(headers.get("content-length") or 0)
+        body = await reader.read(min(length, 4096)) if length else b""
+        raise RuntimeError(f"a streamed completion got {status.strip()!r}: {body[:500]!r}")
     first, tokens, pending = None, 0, b""
     while size := int((await reader.readline()).strip() or b"0", 16):
         pending += (await reader.readexactly(size + 2))[:-2]
         *events, pending = pending.split(b"\n\n")
-        for event in events:
-            data = event.removeprefix(b"data: ")
-            if data == b"[DONE]":
+        for event in events:  # its data lines; a comment (": waiting ...") has none
+            data = b"\n".join(
+                line[5:].strip() for line in event.split(b"\n") if line[:5] == b"data:"
+            )
+            if not data or data == b"[DONE]":
                 continue
-            choices = json.loads(data).get("choices") or [{}]
-            if choices[0].get("text"):
-                tokens += 1
-                if first is None:
-                    first = time.perf_counter() - t0
+            chunk = json.loads(data)
+            choices = chunk.get("choices")
+            if first is None and choices and choices[0].get("text"):
+                first = time.perf_counter() - t0
+            if usage := chunk.get("usage"):
+                tokens = int(usage.get("completion_tokens", 0))
     await reader.readline()  # the CRLF after the last, empty chunk
-    return StreamTiming(0.0, first, time.perf_counter() - t0, tokens)
+    return first, tokens, headers.get("connection") != "close"
 
 
 async def _first_tokens(
@@ -175,27 +248,22 @@ async def _first_tokens(
 ) -> dict[str, list[float]]:
     import openai
 
-    url = httpx.URL(base_url)
-    conn = await asyncio.open_connection(url.host, url.port)
     client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=600)
     out: dict[str, list[float]] = {RAW_HTTP: [], OPENAI_SDK: []}
     if engine is not None:
         out[IN_PROCESS] = []
-    try:
-        async with client:
-            await _openai_stream(client, model, 0, max_tokens, time.perf_counter())  # warm-up
-            await _raw_stream(conn, base_url, key, model, max_tokens)
-            for _ in range(trials):  # alternated, call by call
-                raw = await _raw_stream(conn, base_url, key, model, max_tokens)
-                sdk = await _openai_stream(client, model, 0, max_tokens, time.perf_counter())
-                timed = [(RAW_HTTP, raw), (OPENAI_SDK, sdk)]
-                if engine is not None:  # timed in its own thread, from its request on
-                    timed.append((IN_PROCESS, await asyncio.to_thread(engine.one, 0, max_tokens)))
-                for name, t in timed:
-                    if t.ttft_s is not None:
-                        out[name].append(t.ttft_s)
-    finally:
-        conn[1].close()
+    async with client, RawClient(base_url, key) as raw_client:
+        await _openai_stream(client, model, 0, max_tokens, time.perf_counter())  # warm-up
+        await raw_client.completion(model, 0, max_tokens, time.perf_counter())
+        for _ in range(trials):  # alternated, call by call
+            raw = await raw_client.completion(model, 0, max_tokens, time.perf_counter())
+            sdk = await _openai_stream(client, model, 0, max_tokens, time.perf_counter())
+            timed = [(RAW_HTTP, raw), (OPENAI_SDK, sdk)]
+            if engine is not None:  # timed in its own thread, from its request on
+                timed.append((IN_PROCESS, await asyncio.to_thread(engine.one, 0, max_tokens)))
+            for name, t in timed:
+                if t.ttft_s is not None:
+                    out[name].append(t.ttft_s)
     return out
 
 
@@ -223,10 +291,13 @@ def openai_levels(
     rounds: int,
     max_tokens: int,
     cpu: CpuSplit | None = None,
+    client: str = RAW,
 ) -> list[list[Level]]:
-    """Each level's rounds through an OpenAI-compatible server (one warm-up call first);
-    with ``cpu``, the CPU seconds its processes spent on each level's rounds."""
-    return asyncio.run(_openai_levels(base_url, key, model, levels, rounds, max_tokens, cpu))
+    """Each level's rounds through an OpenAI-compatible server (one warm-up call first),
+    read by ``client`` (``RAW`` or ``SDK``); with ``cpu``, the CPU seconds its
+    processes spent on each level's rounds."""
+    levels_read = _openai_levels(base_url, key, model, levels, rounds, max_tokens, cpu, client)
+    return asyncio.run(levels_read)
 
 
 @dataclass

@@ -78,6 +78,8 @@ ENGINE = "engine in-process"
 GENERATE = "sequential generate"
 SERVE = "transformers serve"
 SKIPPABLE = ("narrow", "serve", "generate", "engine", "cold")
+# Who reads the OpenAI routes' streams (``--client``), as the tables name it.
+CLIENTS = {base.RAW: "raw HTTP reader", base.SDK: "openai SDK"}
 MODES = (THAW, THAW_NARROW, ENGINE, GENERATE, SERVE)  # the tables' order
 
 
@@ -235,6 +237,7 @@ def alternated_rounds(
     wide_off: str | None,
     engine: base.InProcess | None,
     say: Callable[[str], None],
+    client: str = base.RAW,
 ) -> Rounds:
     """thaw's levels; with ``wide_off`` (its off-switch function) that function's too,
     and with ``engine`` the engine's in this process; a round of each in turn, so the
@@ -251,7 +254,7 @@ def alternated_rounds(
     for r in range(rounds):
         split = None if cpu is None else base.CpuSplit(cpu.groups)
         for i, [level] in enumerate(
-            base.openai_levels(url, key, FUNCTION, levels, 1, max_tokens, split)
+            base.openai_levels(url, key, FUNCTION, levels, 1, max_tokens, split, client)
         ):
             thaw[i].append(level)
         for i, seconds in enumerate([] if split is None else split.levels):
@@ -259,7 +262,7 @@ def alternated_rounds(
                 spent[i][part] = spent[i].get(part, 0.0) + s
         if wide_off is not None:
             for i, [level] in enumerate(
-                base.openai_levels(url, key, wide_off, levels, 1, max_tokens)
+                base.openai_levels(url, key, wide_off, levels, 1, max_tokens, None, client)
             ):
                 off[i].append(level)
         if engine is not None:
@@ -381,7 +384,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     model_dir = model_dir_of(args) if args.model or not args.url else None
     if model_dir is not None and (why := check_model_dir(model_dir)) is not None:
         raise SystemExit(f"--model: {why}")
-    levels, rounds, n = args.streams, args.rounds, args.max_tokens
+    levels, rounds, n, client = args.streams, args.rounds, args.max_tokens, args.client
     results: dict[str, list[list[base.Level]]] = {}
     cold = None
     cpu: base.CpuSplit | None = None
@@ -392,7 +395,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="thaw-bench-llm-") as tmp, ExitStack() as held:
         if args.url:
             url = f"{args.url}/openai/v1"
-            results[THAW] = base.openai_levels(url, args.key, args.function, levels, rounds, n)
+            fn = args.function
+            results[THAW] = base.openai_levels(url, args.key, fn, levels, rounds, n, None, client)
             if ttft_trials:
                 thaw_first = base.first_tokens(url, args.key, args.function, ttft_trials)
         else:
@@ -409,7 +413,9 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                 wide_off = NARROW_FUNCTION if narrow else None
                 if "engine" not in args.skip:  # beside thaw, its rounds taken in turn
                     engine = held.enter_context(base.in_process(model_dir, sizes, args.device))
-                taken = alternated_rounds(url, key, levels, rounds, n, cpu, wide_off, engine, say)
+                taken = alternated_rounds(
+                    url, key, levels, rounds, n, cpu, wide_off, engine, say, client
+                )
                 results[THAW] = taken.thaw
                 if taken.wide_off is not None:
                     results[THAW_NARROW] = taken.wide_off
@@ -431,7 +437,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                 log = Path(tmp) / "serve.log"
                 with base.transformers_serve(model_dir, sizes, log, args.device) as url:
                     model = str(model_dir)  # transformers serve names a model by its path
-                    results[SERVE] = base.openai_levels(url, "none", model, levels, rounds, n)
+                    served = base.openai_levels(url, "none", model, levels, rounds, n, None, client)
+                    results[SERVE] = served
                 say("transformers serve: done")
             except RuntimeError as exc:
                 say(f"transformers serve could not run: {exc}")
@@ -449,6 +456,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         "sizes": sizes,
         "max_tokens": n,
         "rounds": rounds,
+        "client": client,
         "slo_ttft_ms": args.slo_ttft_ms,
         "slo_tpot_ms": args.slo_tpot_ms,
         "rows": with_ratios(rows),
@@ -465,6 +473,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="the tiny example model")
     p.add_argument("--streams", default="1,8,32", help="concurrent streams per level")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument(
+        "--client",
+        choices=(base.RAW, base.SDK),
+        default=base.RAW,
+        help="what reads the OpenAI routes' streams: a raw HTTP reader, as vLLM's serving"
+        " benchmark (default), or the openai SDK (its parsing shares the machine's CPU)",
+    )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--cold-trials", type=int, default=3)
     p.add_argument(
@@ -505,7 +520,10 @@ def main(argv: list[str] | None = None) -> int:
     err = Console(stderr=True)
     doc = run(args, lambda line: err.print(line, style="dim"))
     out = Console(width=None if sys.stdout.isatty() else 220)
-    title = f"{doc['model']}: {doc['max_tokens']} tokens a stream, medians of {doc['rounds']}"
+    title = (
+        f"{doc['model']}: {doc['max_tokens']} tokens a stream, medians of {doc['rounds']},"
+        f" streams read by the {CLIENTS[doc['client']]}"
+    )
     tables = [streams_table(doc["rows"], title)]
     if doc["cpu_per_token"]:
         tables.append(cpu_table(doc["cpu_per_token"]))

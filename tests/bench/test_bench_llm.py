@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from bench._llm_baselines import StreamTiming, _FirstText
+from bench._llm_baselines import RawClient, StreamTiming, _FirstText, _read_events
 from bench.llm import (
     ENGINE,
     GENERATE,
@@ -64,6 +66,75 @@ def test_a_stream_with_no_text_has_no_ttft_and_the_table_shows_a_dash() -> None:
     assert row["ttft_p50_ms"] is None and row["tokens_per_s"] == 0.0 and row["goodput"] == 0.0
     [shown] = streams_table([row], "t").rows
     assert shown[:5] == [THAW, "1", "0.0", "-", "-"] and shown[7] == "0%"
+
+
+def _read(head: bytes, body: bytes) -> tuple[float | None, int, bool]:
+    """``_read_events`` over a response of these bytes."""
+
+    async def read() -> tuple[float | None, int, bool]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(head + body)
+        reader.feed_eof()
+        return await _read_events(reader, t0=0.0)
+
+    return asyncio.run(read())
+
+
+def _chunked(*pieces: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (*pieces, b""))
+
+
+def test_the_raw_reader_times_the_first_text_and_takes_the_tokens_from_the_usage() -> None:
+    events = [
+        b": waiting for a replica\n\n",  # a comment, no event
+        b'data: {"choices": [{"text": ""}]}\n\n',
+        b'data: {"choices": [{"text": "Hel"}]}\n\ndata: {"choices": [{"te',  # split mid-event
+        b'xt": "lo wor"}]}\n\n',  # one event of several tokens: usage counts them
+        b'data: {"choices": [], "usage": {"completion_tokens": 5}}\n\ndata: [DONE]\n\n',
+    ]
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    first, tokens, keep = _read(head, _chunked(*events))
+    assert first is not None and first > 0 and tokens == 5 and keep
+    closing = head.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
+    assert _read(closing, _chunked(events[-1])) == (None, 5, False)
+
+
+def test_the_raw_client_sends_again_on_a_new_connection_when_a_kept_one_was_closed() -> None:
+    served: list[int] = []  # the connection each request came on, counted from 0
+
+    async def run() -> list[StreamTiming]:
+        connections = 0
+
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal connections
+            conn, connections, length = connections, connections + 1, 0
+            while (line := await reader.readline()) not in (b"", b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            await reader.readexactly(length)
+            served.append(conn)
+            usage = b'data: {"choices": [], "usage": {"completion_tokens": 3}}\n\n'
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            writer.write(_chunked(b'data: {"choices": [{"text": "a"}]}\n\n', usage))
+            await writer.drain()
+            writer.close()  # as a keep-alive timeout would, once the call is answered
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server, RawClient(f"http://127.0.0.1:{port}/v1", "key") as client:
+            first = await client.completion("m", 0, 3, time.perf_counter())
+            await asyncio.sleep(0.05)  # the kept connection's close arrives
+            return [first, await client.completion("m", 1, 3, time.perf_counter())]
+
+    timings = asyncio.run(run())
+    assert [t.tokens for t in timings] == [3, 3] and served == [0, 1]
+
+
+def test_the_raw_reader_refuses_an_answer_that_is_not_an_event_stream() -> None:
+    body = b'{"error": {"message": "unknown model"}}'
+    head = b"HTTP/1.1 404 Not Found\r\nContent-Length: %d\r\n\r\n" % len(body)
+    with pytest.raises(RuntimeError, match=r"404 Not Found.*unknown model"):
+        _read(head, body)
 
 
 def test_thaw_rows_get_ratios_to_each_baseline_and_the_ttft_it_adds() -> None:
@@ -192,6 +263,7 @@ def test_a_quick_run_sets_thaw_beside_every_baseline_and_naive(tmp_path: Path) -
         # can read 0 (the OpenAI routes now skip the framework); the replica's cannot.
         assert ms["replica"] > 0 and min(ms.values()) >= 0, ms
     assert "CPU per completion token" in proc.stdout
+    assert doc["client"] == "raw" and "read by the raw HTTP reader" in proc.stdout
     # The engine's rounds ran beside thaw's, in turn, and thaw's CPU meanwhile was read
     # (in /proc's 10 ms ticks: over this run's rounds of milliseconds, any share).
     assert doc["thaw_idle_cpu_beside_engine"] >= 0, doc["thaw_idle_cpu_beside_engine"]
