@@ -155,6 +155,10 @@ async def _openai_stream(
     return StreamTiming(sent, first, time.perf_counter() - t0, tokens)
 
 
+class StreamRefused(RuntimeError):
+    """The server answered a streamed completion with something else (an error)."""
+
+
 class RawClient:
     """Streamed completions over kept HTTP/1.1 connections, read by hand: chunked
     transfer, server-sent events, one ``json.loads`` an event, the way vLLM's serving
@@ -211,7 +215,7 @@ class RawClient:
 async def _read_events(reader: asyncio.StreamReader, t0: float) -> tuple[float | None, int, bool]:
     """A streamed completion's response: seconds from ``t0`` to its first text, its
     completion tokens (from its usage event) and whether its connection may be kept.
-    Raises RuntimeError, with the body's start, for any answer but an event stream."""
+    Raises ``StreamRefused``, with the body's start, for any answer but an event stream."""
     status = await reader.readline()
     if not status:
         raise ConnectionResetError("the server closed the connection before it answered")
@@ -222,7 +226,8 @@ async def _read_events(reader: asyncio.StreamReader, t0: float) -> tuple[float |
     if b" 200 " not in status or headers.get("transfer-encoding") != "chunked":
         length = int(headers.get("content-length") or 0)
         body = await reader.read(min(length, 4096)) if length else b""
-        raise RuntimeError(f"a streamed completion got {status.strip()!r}: {body[:500]!r}")
+        answer = body[:500].decode(errors="replace")
+        raise StreamRefused(f"a streamed completion got {status.decode().strip()}: {answer}")
     first, tokens, pending = None, 0, b""
     while size := int((await reader.readline()).strip() or b"0", 16):
         pending += (await reader.readexactly(size + 2))[:-2]

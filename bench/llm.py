@@ -518,7 +518,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     err = Console(stderr=True)
-    doc = run(args, lambda line: err.print(line, style="dim"))
+    try:
+        doc = run(args, lambda line: err.print(line, style="dim"))
+    except base.StreamRefused as exc:  # a wrong --function or --key, say: no traceback
+        raise SystemExit(f"the bench stopped: {exc}") from None
     out = Console(width=None if sys.stdout.isatty() else 220)
     title = (
         f"{doc['model']}: {doc['max_tokens']} tokens a stream, medians of {doc['rounds']},"

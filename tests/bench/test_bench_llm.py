@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench._llm_baselines import RawClient, StreamTiming, _FirstText, _read_events
+from bench._llm_baselines import (
+    RawClient,
+    StreamRefused,
+    StreamTiming,
+    _FirstText,
+    _read_events,
+)
 from bench.llm import (
     ENGINE,
     GENERATE,
@@ -133,7 +139,7 @@ def test_the_raw_client_sends_again_on_a_new_connection_when_a_kept_one_was_clos
 def test_the_raw_reader_refuses_an_answer_that_is_not_an_event_stream() -> None:
     body = b'{"error": {"message": "unknown model"}}'
     head = b"HTTP/1.1 404 Not Found\r\nContent-Length: %d\r\n\r\n" % len(body)
-    with pytest.raises(RuntimeError, match=r"404 Not Found.*unknown model"):
+    with pytest.raises(StreamRefused, match=r"got HTTP/1.1 404 Not Found: .*unknown model"):
         _read(head, body)
 
 
