@@ -251,19 +251,17 @@ async def _read_events(reader: asyncio.StreamReader, t0: float) -> tuple[float |
 async def _first_tokens(
     base_url: str, key: str, model: str, trials: int, max_tokens: int, engine: InProcess | None
 ) -> dict[str, list[float]]:
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=600)
     out: dict[str, list[float]] = {RAW_HTTP: [], OPENAI_SDK: []}
     if engine is not None:
         out[IN_PROCESS] = []
-    async with client, RawClient(base_url, key) as raw_client:
-        await _openai_stream(client, model, 0, max_tokens, time.perf_counter())  # warm-up
-        await raw_client.completion(model, 0, max_tokens, time.perf_counter())
+    async with _client(base_url, key, RAW) as raw, _client(base_url, key, SDK) as sdk:
+        for warm_up in (raw, sdk):
+            await warm_up(model, 0, max_tokens, time.perf_counter())
         for _ in range(trials):  # alternated, call by call
-            raw = await raw_client.completion(model, 0, max_tokens, time.perf_counter())
-            sdk = await _openai_stream(client, model, 0, max_tokens, time.perf_counter())
-            timed = [(RAW_HTTP, raw), (OPENAI_SDK, sdk)]
+            timed = [
+                (RAW_HTTP, await raw(model, 0, max_tokens, time.perf_counter())),
+                (OPENAI_SDK, await sdk(model, 0, max_tokens, time.perf_counter())),
+            ]
             if engine is not None:  # timed in its own thread, from its request on
                 timed.append((IN_PROCESS, await asyncio.to_thread(engine.one, 0, max_tokens)))
             for name, t in timed:
