@@ -248,7 +248,9 @@ def method_thaw(spec: dict[str, Any]) -> Loaded:
     _warm_device(device)
     snap = open_snapshotter(spec)
     if device.startswith("cuda"):
-        snap.prewarm(device)  # a pool replica allocates its staging buffers ahead
+        # A pool replica allocates its staging buffers ahead, and pins the RAM tier's pages.
+        snap.prewarm(device)
+        snap.pinned_bytes(wait_s=60.0)  # as in a pool process that waited for a call
     clock = Clock()
     tensors = snap.load(spec.get("ref", BENCH_REF), device)
     _sync(device)

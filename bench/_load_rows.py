@@ -61,7 +61,10 @@ CATALOG: tuple[Row, ...] = (
     Row("runai-cuda", WARM, "runai", "Run:ai Model Streamer to cuda", "model", "cuda", True,
         "runai_model_streamer"),
     Row("thaw-cuda", WARM, "thaw", "thaw from disk cache to cuda", "thaw_cache", "cuda", True),
-    Row("thaw-ram-cuda", MEMORY, "thaw", "thaw from host-RAM tier to cuda", "none", "cuda", True),
+    Row("thaw-ram-cuda", MEMORY, "thaw", "thaw from host-RAM tier to cuda (pinned ahead)", "none",
+        "cuda", True),
+    Row("thaw-ram-cuda-unpinned", MEMORY, "thaw", "thaw from RAM tier to cuda, pinned by the load",
+        "none", "cuda", True),
 )  # fmt: skip
 
 
@@ -128,6 +131,12 @@ RATIOS: tuple[Ratio, ...] = (
     ),
     Ratio(
         "thaw RAM tier to cuda vs Run:ai to cuda", "thaw-ram-cuda/memory", "runai-cuda/warm", 1.0
+    ),
+    Ratio(
+        "thaw RAM tier to cuda, pinned ahead vs pinned by the load",
+        "thaw-ram-cuda/memory",
+        "thaw-ram-cuda-unpinned/memory",
+        1.0,
     ),
     Ratio(
         "thaw disk cache to cuda vs safetensors to cuda",

@@ -79,7 +79,11 @@ def open_snapshotter(spec: dict[str, Any]) -> Snapshotter:
     tier = None
     if spec.get("ram_tier_dir"):
         tier = RamTier(
-            RamTierConfig(directory=Path(spec["ram_tier_dir"]), max_bytes=RAM_TIER_BYTES)
+            RamTierConfig(
+                directory=Path(spec["ram_tier_dir"]),
+                max_bytes=RAM_TIER_BYTES,
+                pin_ahead=spec.get("pin_ahead", True),
+            )
         )
     return Snapshotter(open_registry(spec["store"]), cache, LoaderConfig(), ram_tier=tier)
 

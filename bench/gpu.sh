@@ -75,7 +75,8 @@ builder=$!
 
 tests=(tests/snapshotter/test_loader_cuda.py tests/worker/test_cuda.py
        tests/snapshotter/test_ram_tier_mapping.py tests/snapshotter/test_ram_tier.py
-       tests/control_plane/test_end_to_end.py tests/worker/llm/test_cuda.py)
+       tests/control_plane/test_end_to_end.py tests/worker/llm/test_cuda.py
+       tests/snapshotter/test_loader_pinned.py)
 step tests 150 python3 -m pytest -m gpu -p no:cacheprovider -rA -q -W ignore::DeprecationWarning \
   -W ignore::FutureWarning "${tests[@]}"
 grep -E "passed|failed|error" "$out/tests.log" | tail -3
@@ -94,7 +95,7 @@ step coldstart 160 python3 bench/coldstart.py --model "$llama" --device cuda --t
   --data-dir "$data/coldstart"
 tail -n 30 "$out/coldstart.log"
 
-cuda_rows=memcpy,h2d,safetensors-cuda,fastsafetensors,runai-cuda,thaw-cuda,thaw-ram-cuda,thaw-ram
+cuda_rows=memcpy,h2d,safetensors-cuda,fastsafetensors,runai-cuda,thaw-cuda,thaw-ram-cuda,thaw-ram-cuda-unpinned,thaw-ram
 step load-1g 150 python3 bench/load.py --size-mb 1024 --trials 3 --methods "$cuda_rows" \
   --data-dir "$data/load"
 tail -n 45 "$out/load-1g.log"
@@ -105,5 +106,5 @@ step llm-profile 90 python3 bench/llm_profile.py --device cuda --streams 1 --sec
 tail -n 60 "$out/llm-profile.log"
 
 step load-8g 150 python3 bench/load.py --size-mb 8192 --trials 2 \
-  --methods h2d,safetensors-cuda,thaw-cuda,thaw-ram-cuda --data-dir "$data/load8"
+  --methods h2d,safetensors-cuda,thaw-cuda,thaw-ram-cuda,thaw-ram-cuda-unpinned --data-dir "$data/load8"
 tail -n 30 "$out/load-8g.log"

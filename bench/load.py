@@ -170,6 +170,9 @@ def _user_model(opts: Options, stack: ExitStack, console: Console) -> tuple[Mode
     return info, work
 
 
+_RAM_FAMILIES = {"thaw-ram", "thaw-ram-cuda", "thaw-ram-cuda-unpinned"}
+
+
 def setup(opts: Options, rows: list[Row], stack: ExitStack, console: Console) -> BenchEnv:
     opts.data_dir.mkdir(parents=True, exist_ok=True)
     if opts.model is not None:
@@ -184,10 +187,10 @@ def setup(opts: Options, rows: list[Row], stack: ExitStack, console: Console) ->
     if "tensorizer" in families:
         console.log("writing the model's tensorizer file")
         env.tensorizer_file = ensure_tensorizer_file(env.model, work)
-    if families & {"thaw", "thaw-cuda", "thaw-ram", "thaw-ram-cuda", "thaw-store"}:
+    if families & {"thaw", "thaw-cuda", "thaw-store", *_RAM_FAMILIES}:
         console.log("pushing the model to thaw's local store and filling its disk cache")
         _setup_thaw_local(env, work)
-    if families & {"thaw-ram", "thaw-ram-cuda"}:
+    if families & _RAM_FAMILIES:
         console.log("filling thaw's host-RAM tier")
         _setup_ram_tier(env, stack)
     if any(r.temperature == S3 for r in rows):
@@ -225,8 +228,10 @@ def trial_spec(row: Row, env: BenchEnv, trial: int) -> Iterator[dict[str, Any]]:
         spec.update(_thaw_spec(env, env.thaw_s3_store, scratch / "cache", row.device))
     elif row.method == "thaw" and env.thaw_store and env.thaw_cache:
         spec.update(_thaw_spec(env, env.thaw_store, env.thaw_cache, row.device))
-        if row.family in ("thaw-ram", "thaw-ram-cuda"):
+        if row.family in _RAM_FAMILIES:
             spec["ram_tier_dir"] = str(env.ram_tier_dir)
+            # A pool process pins the tier's pages while it waits; this row pays it in the load.
+            spec["pin_ahead"] = row.family != "thaw-ram-cuda-unpinned"
     try:
         yield spec
     finally:

@@ -14,6 +14,7 @@
 | ram_tier_dir               | THAW_RAM_TIER_DIR            | /dev/shm/thaw-<home hash> (removed by the home's last worker to stop; a set one never is) |
 | ram_tier_max_bytes         | THAW_RAM_TIER_MAX_BYTES      | 25% of RAM (0: off)  |
 | ram_tier_verify            | THAW_RAM_TIER_VERIFY         | true (checksum on read) |
+| ram_tier_pin_ahead         | THAW_RAM_TIER_PIN_AHEAD      | true (a CUDA pool process pins the tier's pages while it waits) |
 | chunk_size_bytes           | THAW_CHUNK_SIZE_BYTES        | 8 MiB                |
 | loader_max_inflight_bytes  | THAW_LOADER_MAX_INFLIGHT_BYTES | 256 MiB            |
 | loader_fetch_threads       | THAW_LOADER_FETCH_THREADS    | 16                   |
@@ -106,6 +107,7 @@ class Settings(BaseSettings):
     ram_tier_dir: Path | None = None
     ram_tier_max_bytes: int | None = Field(default=None, ge=0)
     ram_tier_verify: bool = True
+    ram_tier_pin_ahead: bool = True
     chunk_size_bytes: int = 8 << 20
     loader_max_inflight_bytes: int = 256 << 20
     loader_fetch_threads: int = 16
@@ -225,6 +227,7 @@ class Settings(BaseSettings):
             directory=directory,
             max_bytes=max_bytes,
             verify=self.ram_tier_verify,
+            pin_ahead=self.ram_tier_pin_ahead,
             remove_when_unused=chosen_by_thaw,
         )
 

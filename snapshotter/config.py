@@ -62,9 +62,13 @@ class RamTierConfig:
     against the checksums recorded when it was written. ``remove_when_unused``:
     the directory belongs to the workers using it, and the last one to stop
     removes it (``snapshotter.ram_tier_users``); off, nothing of thaw removes it.
+    ``pin_ahead``: a process prewarmed for CUDA maps the tier's entries and registers
+    them as pinned memory while it waits, so its load copies with no registration
+    (``snapshotter.loader_pinned``).
     """
 
     directory: Path
     max_bytes: int = 8 << 30
     verify: bool = True
     remove_when_unused: bool = False
+    pin_ahead: bool = True

@@ -47,6 +47,7 @@ class LoadReport:
     arena_bytes: int = 0  # prewarmed host memory this load's buffers would need
     ram_tier_insert_s: float = 0.0  # copying a fresh load into the RAM tier
     cache_mapped_bytes: int = 0  # of cache_hit_bytes, mapped into the buffers, not copied
+    ram_tier_pinned_bytes: int = 0  # of ram_tier_bytes, copied from pages pinned ahead
 
     @property
     def tier_bytes(self) -> dict[str, int]:

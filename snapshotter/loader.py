@@ -27,6 +27,7 @@ the chunk.
 The load side is layered; each module imports only those below it::
 
     loader        composes them: resolve, plan, RAM tier or pipeline, a placer per device
+    loader_pinned                           the RAM tier pinned ahead of a load to CUDA
     loader_cpu  loader_ram  loader_cuda     placers per target (RAM tier: map or keep)
     pipeline      fetch -> check -> place over a ChunkSource (snapshotter.source)
     load_plan     which chunk goes where, in which order (snapshotter.profile)
@@ -67,6 +68,7 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from control_plane.settings import Settings
     from snapshotter.loader_cuda import StagingPool
+    from snapshotter.loader_pinned import PinnedTier
     from snapshotter.module_fill import ModuleLoadResult
 
 
@@ -89,6 +91,7 @@ class Snapshotter:
         self.ram_tier = ram_tier
         self._staging: dict[str, StagingPool] = {}
         self._arena: HostArena | None = None
+        self._pinned: PinnedTier | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Snapshotter:
@@ -156,18 +159,39 @@ class Snapshotter:
         return bytes(out)
 
     def prewarm(self, device: str | torch.device, host_bytes: int = 0) -> None:
-        """Ahead of a load: allocate the pinned staging pool for a CUDA device; for the
-        CPU, populate ``host_bytes`` of memory that the next loads' buffers are carved
-        from (``snapshotter.host_arena``), so they pay no page faults."""
+        """Ahead of a load: for a CUDA device, allocate the pinned staging pool and
+        (with a RAM tier that pins ahead) pin the tier's entries and keep them pinned
+        (``snapshotter.loader_pinned``); for the CPU, populate ``host_bytes`` of memory
+        that the next loads' buffers are carved from (``snapshotter.host_arena``), so
+        they pay no page faults."""
         dev = _check_device(torch.device(device))
         if dev.type == "cuda":
             self._staging_pool(dev)
+            tier = self.ram_tier
+            if tier is not None and tier.config.pin_ahead and self._pinned is None:
+                from snapshotter.loader_pinned import PinnedTier
+
+                self._pinned = PinnedTier(tier)
+                self._pinned.start()
         elif host_bytes > 0 and self._arena is None:
             self._arena = HostArena(host_bytes)
 
+    def pinned_bytes(self, wait_s: float = 0.0) -> dict[str, int]:
+        """The RAM tier's entries pinned ahead in this process: manifest digest -> bytes;
+        ``wait_s``: first wait up to that long for the entries held at ``prewarm`` to be
+        pinned (as a pool process that waited that long would have them)."""
+        if self._pinned is None:
+            return {}
+        self._pinned.wait_ready(wait_s)
+        return self._pinned.held()
+
     def give_back_host_memory(self) -> int:
         """Hand the prewarmed host memory no load used back to the kernel (once the
-        loads of a start are done); the bytes given back."""
+        loads of a start are done), and release the RAM tier's pinned entries; the
+        bytes given back (the pinned pages stay the tier's)."""
+        pinned, self._pinned = self._pinned, None
+        if pinned is not None:
+            pinned.close()
         arena, self._arena = self._arena, None
         return arena.give_back_rest() if arena is not None else 0
 
@@ -235,13 +259,23 @@ class Snapshotter:
             return None
         plan = plan_load(manifest)  # no profile: the order of a mapping does not matter
         setup_s = time.perf_counter() - start
-        held = place_held(self.ram_tier, digest, plan, dev, self._to_device(dev))
+        held, pinned = None, 0
+        if self._pinned is not None and dev.type == "cuda":
+            from snapshotter.loader_pinned import place_pinned
+
+            self._pinned.stop_refreshing()  # this process is becoming a replica
+            held = place_pinned(self._pinned, digest, plan, dev)
+            pinned = held.total_bytes if held is not None else 0
+        if held is None:
+            held = place_held(self.ram_tier, digest, plan, dev, self._to_device(dev))
         if held is None:
             return None
         tensors = _views(plan, held.buffers)
         tensors.manifest_digest = digest
         report = _report(ref, digest, dev, plan, held.totals, setup_s, start)
-        tensors.report = replace(report, ram_tier_bytes=held.total_bytes)
+        tensors.report = replace(
+            report, ram_tier_bytes=held.total_bytes, ram_tier_pinned_bytes=pinned
+        )
         return tensors
 
     def load_into_module(

@@ -206,14 +206,14 @@ def copy_registered(
         if stream is None:
             stream = streams.stream = torch.cuda.Stream(device=dev)
         src, dst = host[i][begin:end], out[i][begin:end]
-        registered = _register(src)
+        registered = register_read_only(src)
         try:
             with torch.cuda.stream(stream):
                 dst.copy_(src, non_blocking=registered)
             stream.synchronize()
         finally:
             if registered:
-                torch.cuda.cudart().cudaHostUnregister(src.data_ptr())
+                unregister(src.data_ptr())
 
     _each_piece(pieces, copy)
     return out
@@ -232,14 +232,14 @@ def _whole(host: Sequence[torch.Tensor]) -> Pieces:
 
 def _registrable(src: torch.Tensor) -> bool:
     """Whether the driver pins ``src`` (registered and at once unregistered)."""
-    if not _register(src):
+    if not register_read_only(src):
         log.info("host buffers not registered; copying through staging")
         return False
-    torch.cuda.cudart().cudaHostUnregister(src.data_ptr())
+    unregister(src.data_ptr())
     return True
 
 
-def _register(src: torch.Tensor) -> bool:
+def register_read_only(src: torch.Tensor) -> bool:
     """Pin ``src`` in place, read-only; False (the error cleared) when refused. A
     refusal after a first success leaves that piece pageable: the driver stages it."""
     cudart = torch.cuda.cudart()
@@ -248,6 +248,11 @@ def _register(src: torch.Tensor) -> bool:
         _clear_cuda_error()
         return False
     return True
+
+
+def unregister(ptr: int) -> None:
+    """Undo ``register_read_only`` of the memory at ``ptr``."""
+    torch.cuda.cudart().cudaHostUnregister(ptr)
 
 
 def _clear_cuda_error() -> None:

@@ -210,6 +210,17 @@ class RamTier:
                 **{f.name: getattr(self._counters, f.name) for f in fields(self._counters)}
             )
 
+    def recent(self) -> list[str]:
+        """Manifest digests held, the most recently used first."""
+        held = self._scan()
+        return sorted(held, key=lambda d: held[d].last_used_ns, reverse=True)
+
+    def record_hit(self, manifest_digest: str) -> None:
+        """Count a hit served from mappings this process held ahead (``snapshotter.
+        loader_pinned``) and mark the entry used, as ``get`` does."""
+        touch(self.entry_dir(manifest_digest) / "meta.json")
+        self._count(hits=1)
+
     def get_manifest(self, manifest_digest: str) -> bytes | None:
         """The held manifest's JSON, only if it still hashes to ``manifest_digest``."""
         try:
