@@ -76,7 +76,7 @@ builder=$!
 tests=(tests/snapshotter/test_loader_cuda.py tests/worker/test_cuda.py
        tests/snapshotter/test_ram_tier_mapping.py tests/snapshotter/test_ram_tier.py
        tests/control_plane/test_end_to_end.py tests/worker/llm/test_cuda.py
-       tests/snapshotter/test_loader_pinned.py)
+       tests/snapshotter/test_loader_pinned.py tests/snapshotter/test_piece_sums.py)
 step tests 150 python3 -m pytest -m gpu -p no:cacheprovider -rA -q -W ignore::DeprecationWarning \
   -W ignore::FutureWarning "${tests[@]}"
 grep -E "passed|failed|error" "$out/tests.log" | tail -3

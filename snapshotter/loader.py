@@ -171,7 +171,7 @@ class Snapshotter:
             if tier is not None and tier.config.pin_ahead and self._pinned is None:
                 from snapshotter.loader_pinned import PinnedTier
 
-                self._pinned = PinnedTier(tier)
+                self._pinned = PinnedTier(tier, dev)
                 self._pinned.start()
         elif host_bytes > 0 and self._arena is None:
             self._arena = HostArena(host_bytes)

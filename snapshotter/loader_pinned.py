@@ -2,34 +2,37 @@
 
 Registering host memory with the driver (``cudaHostRegister``) costs more than
 the copy it speeds up: on an H100 a 1 GiB load from the tier spent 0.10 s
-pinning the tier's pages (16 threads) and 0.02 s copying them. A pool process
-that will load to a GPU need not pay that on the request's path:
-``PinnedTier`` maps the tier's entries read-only and shared and registers them
-(read-only) while the process waits, and a load that finds its manifest held
-only checks and copies::
+pinning the tier's pages (16 threads) and 0.02 s copying them. Checking the
+bytes on the host as they are copied costs too: the check reads every byte a
+second time, and the two reads share the host's memory bandwidth (1 GiB checked
+and copied in 28 ms against 20 ms copied alone, ``bench/h2d_sources.py``). A pool
+process that will load to a GPU pays neither on the request's path::
 
     Snapshotter.prewarm(cuda) -> PinnedTier.start(): a thread holds every entry, the
-                                 most recently used first, then refreshes every
+                                 most recently used first: maps it read-only and
+                                 shared, registers each piece, checks it against the
+                                 tier's checksum (xxh3) and takes its device sums
+                                 (snapshotter.piece_sums); then refreshes every
                                  interval_s: new entries held, evicted or replaced
                                  ones released
     load(ref, cuda)           -> stop refreshing (the process is becoming a replica);
                                  place_pinned: the hold, if its files are still the
-                                 entry's; per piece, at once: check it against its
-                                 recorded checksum, copy it (async, a stream a thread);
-                                 wait for the copies
+                                 entry's; every piece copied on one stream, its sums
+                                 taken on the device and compared with the hold's
     give_back_host_memory()   -> PinnedTier.close(): every hold released (the
                                  replica's weights are on the device by then)
 
 The holds are made off the caller's thread: a process started for a request (a pool
 miss) loads at once, unpinned if its entry is not held yet, and pins nothing more.
 
-Every load still checks every piece (xxh3, at memory speed): the held pages are
-the tier's own, so a byte corrupted in ``/dev/shm`` after the hold is caught, the
-entry dropped and the load served from the disk cache. A hold keeps its entry's
-pages in memory while it lives, evicted from the tier or not, so it lives at most
-``interval_s`` past its entry (and not past the process's start). Entries from an
-older thaw (no checksums) are not held. Where the driver refuses a registration,
-nothing is held and loads go the unpinned way (``snapshotter.loader_cuda``).
+Every load still checks every byte, on the device, before a tensor sees it: the held
+pages are the tier's own, so a byte damaged in ``/dev/shm`` after the hold is caught,
+the entry dropped and the load served from the disk cache. The sums compared were
+taken from bytes just proved against the checksums recorded at insert. A hold keeps
+its entry's pages in memory while it lives, evicted from the tier or not, so it lives
+at most ``interval_s`` past its entry (and not past the process's first load). Entries
+from an older thaw (no checksums) are not held. Where the driver refuses a
+registration, nothing is held and loads go the unpinned way (``snapshotter.loader_cuda``).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from snapshotter.fanout import run_each
 from snapshotter.load_plan import LoadPlan
 from snapshotter.loader_cuda import register_read_only, unregister
 from snapshotter.loader_ram import HeldLoad
+from snapshotter.piece_sums import piece_sums
 from snapshotter.pipeline import StageTotals
 from snapshotter.ram_tier import RamTier
 from snapshotter.ram_tier_entry import (
@@ -73,6 +77,9 @@ class Hold:
     buffers: list[torch.Tensor]
     inodes: tuple[tuple[int, int], ...]  # (inode, size) of each data file mapped
     registered: list[int] = field(default_factory=list)  # pointers to unregister
+    # (s1, s2) of every piece in order, on the device (snapshotter.piece_sums), taken
+    # from bytes just checked against the tier's checksums; None with verify off
+    sums: torch.Tensor | None = None
     users: int = 0
     stale: bool = False  # released once its last user is done
 
@@ -84,8 +91,11 @@ class Hold:
 class PinnedTier:
     """One process's holds of the RAM tier's entries, for loads to CUDA. Thread-safe."""
 
-    def __init__(self, tier: RamTier, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+    def __init__(
+        self, tier: RamTier, device: torch.device, interval_s: float = DEFAULT_INTERVAL_S
+    ) -> None:
         self.tier = tier
+        self.device = device
         self.interval_s = interval_s
         self._holds: dict[str, Hold] = {}
         self._lock = threading.Lock()  # the holds
@@ -198,17 +208,30 @@ class PinnedTier:
         except (BadEntry, OSError):
             return None  # a load finds it bad and drops it
         hold = Hold(digest, meta, buffers, inodes)
-        pieces = [(buffers[i][b:e]) for i, f in enumerate(meta) for b, e in f.pieces()]
+        tasks = [(i, b, e) for i, f in enumerate(meta) for b, e in f.pieces()]
+        views = [bytes_view(b) for b in buffers]
+        verify = self.tier.config.verify
+        sums: list[torch.Tensor | None] = [None] * len(tasks)
         lock = threading.Lock()
         refused: list[int] = []
 
-        def register(src: torch.Tensor) -> None:
+        def hold_piece(n: int) -> None:
+            i, begin, end = tasks[n]
+            src = buffers[i][begin:end]
             ok = register_read_only(src)
             with lock:
                 (hold.registered if ok else refused).append(src.data_ptr())
+            if ok and verify:  # proved against the checksum recorded at insert, then summed
+                check_piece(meta[i], views[i], begin, end)
+                sums[n] = piece_sums(buffers[i], [(begin, end)])
 
         start = time.perf_counter()
-        run_each(pieces, register, "thaw-tier-pin")
+        try:
+            run_each(range(len(tasks)), hold_piece, "thaw-tier-pin")
+        except BadEntry as exc:
+            _release(hold)
+            self.tier.corrupt(digest, str(exc))
+            return None
         if refused:
             _release(hold)
             with self._lock:
@@ -216,6 +239,8 @@ class PinnedTier:
                     self._refused = True
                     log.info("the driver refuses to pin the RAM tier's pages; loads pin them")
             return None
+        if verify:
+            hold.sums = torch.cat([s for s in sums if s is not None]).to(self.device)
         log.info(
             "pinned RAM tier entry %s: %.0f MB in %.3f s",
             digest,
@@ -277,7 +302,7 @@ def place_pinned(
         if hold is None:
             return None
         try:
-            buffers = _copy(hold, dev, check=tier.config.verify)
+            buffers = _copy(hold, dev)
         except BadEntry as exc:
             pinned.drop(digest)
             tier.corrupt(digest, str(exc))
@@ -297,33 +322,24 @@ def place_pinned(
     return HeldLoad(buffers, totals, nbytes, copy_s)
 
 
-def _copy(hold: Hold, dev: torch.device, check: bool) -> list[torch.Tensor]:
-    """Every piece checked (``check``) and copied to new device buffers, at once, a
-    thread and a stream each; returns once every copy has completed."""
+def _copy(hold: Hold, dev: torch.device) -> list[torch.Tensor]:
+    """Every piece copied to new device buffers on the current stream and, where the
+    hold has sums, checked there against them; returns once the copies and the check
+    are done. Raises ``BadEntry`` naming the first piece that differs."""
     out = [torch.empty(f.data_bytes, dtype=torch.uint8, device=dev) for f in hold.files]
-    # The buffers were allocated on the current stream; every copy must follow that.
-    torch.cuda.current_stream(dev).synchronize()
-    views = [bytes_view(b) for b in hold.buffers]
-    local = threading.local()
-    streams: list[torch.cuda.Stream] = []
-    lock = threading.Lock()
-    tasks = [(i, b, e) for i, f in enumerate(hold.files) for b, e in f.pieces()]
-
-    def copy(task: tuple[int, int, int]) -> None:
-        i, begin, end = task
-        if check:
-            check_piece(hold.files[i], views[i], begin, end)
-        stream = getattr(local, "stream", None)
-        if stream is None:
-            stream = local.stream = torch.cuda.Stream(device=dev)
-            with lock:
-                streams.append(stream)
-        with torch.cuda.stream(stream):
-            out[i][begin:end].copy_(hold.buffers[i][begin:end], non_blocking=True)
-
     try:
-        run_each(tasks, copy, "thaw-h2d")
+        for i, f in enumerate(hold.files):
+            for begin, end in f.pieces():
+                out[i][begin:end].copy_(hold.buffers[i][begin:end], non_blocking=True)
+        if hold.sums is None:
+            return out
+        got = torch.cat([piece_sums(b, f.pieces()) for b, f in zip(out, hold.files, strict=True)])
+        bad = (got != hold.sums).any(dim=1).nonzero().flatten().tolist()  # waits for all
     finally:  # no copy may still read the hold when it is released
-        for stream in streams:
-            stream.synchronize()
+        torch.cuda.current_stream(dev).synchronize()
+    if bad:
+        i, begin, end = [(i, b, e) for i, f in enumerate(hold.files) for b, e in f.pieces()][bad[0]]
+        raise BadEntry(
+            f"{hold.files[i].path} does not match its checksum on the device (bytes {begin}-{end})"
+        )
     return out

@@ -74,7 +74,7 @@ def test_a_prewarmed_cuda_process_copies_the_tier_from_pages_pinned_ahead(
     assert report.ram_tier_pinned_bytes == report.ram_tier_bytes == report.tensor_bytes
     assert all(t.device.type == "cuda" for t in loaded.values())
     assert_same_tensors(loaded, expected_tensors(llama_dir))
-    assert tier.counters().hits == 1
+    assert tier.counters().hits == 1 and tier.counters().corrupt == 0  # the device sums agree
 
     snap.give_back_host_memory()  # specialized: the holds go
     assert snap.pinned_bytes() == {}
@@ -164,4 +164,20 @@ def test_the_refresh_pins_new_entries_and_releases_dropped_ones(
     assert digest in tier
     time.sleep(2.5)  # two refreshes' worth: a loading process pins nothing more
     assert snap.pinned_bytes() == {}
+    snap.give_back_host_memory()
+
+
+def test_an_entry_damaged_before_the_pin_is_dropped_by_the_pinning_thread(
+    tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig
+) -> None:
+    (registry, _store), digest = _held(tmp_path, llama_dir, tier_config)
+    tier = RamTier(tier_config)
+    _flip_byte(max(tier.entry_dir(digest).glob("*.data"), key=lambda f: f.stat().st_size))
+    snap = Snapshotter(registry, _cache(tmp_path / "c1"), ram_tier=tier)
+    snap.prewarm("cuda")
+    assert snap.pinned_bytes(wait_s=30) == {}
+    assert tier.counters().corrupt == 1 and digest not in tier
+    loaded = snap.load(digest, "cuda")
+    assert loaded.report.cache_hits == loaded.report.chunks > 0
+    assert_same_tensors(loaded, expected_tensors(llama_dir))
     snap.give_back_host_memory()
