@@ -55,6 +55,7 @@ from snapshotter.piece_sums import piece_sums
 from snapshotter.pipeline import StageTotals
 from snapshotter.ram_tier import RamTier
 from snapshotter.ram_tier_entry import (
+    PIECE_BYTES,
     BadEntry,
     TierFile,
     bytes_view,
@@ -103,6 +104,7 @@ class PinnedTier:
         self._stop = threading.Event()
         self._ready = threading.Event()  # the first refresh is done
         self._thread: threading.Thread | None = None
+        self._sum_stream: torch.cuda.Stream | None = None
 
     def start(self) -> None:
         """Hold every entry, then keep the holds fresh, from a thread."""
@@ -184,7 +186,33 @@ class PinnedTier:
                 self._retire(hold)
 
     # --- internals ---------------------------------------------------------------
+    def sum_stream(self) -> torch.cuda.Stream:
+        """The stream a load's device sums run on, beside its copies."""
+        with self._lock:
+            if self._sum_stream is None:
+                self._sum_stream = torch.cuda.Stream(device=self.device)
+            return self._sum_stream
+
+    def _warm_kernels(self) -> None:
+        """Launch the device sums and their comparison once, on a probe the shape of a
+        piece and of a file's last piece. A fresh process loads each CUDA kernel at its
+        first launch (lazy module loading): about 0.1 s for these on an H100, which
+        would otherwise fall on the load."""
+        if self.device.type != "cuda" or not self.tier.config.verify:
+            return
+        probe = torch.zeros(PIECE_BYTES + 13, dtype=torch.uint8, device=self.device)
+        with torch.cuda.stream(self.sum_stream()):
+            rows = [
+                piece_sums(probe, [p]) for p in ((0, PIECE_BYTES), (PIECE_BYTES, probe.numel()))
+            ]
+            got = torch.cat(rows)
+            (got != got).any(dim=1).nonzero().flatten().tolist()
+
     def _run(self) -> None:
+        try:
+            self._warm_kernels()
+        except Exception:  # only the first load is slower
+            log.exception("warming the device-sum kernels failed")
         while True:
             try:
                 self.refresh()
@@ -302,7 +330,7 @@ def place_pinned(
         if hold is None:
             return None
         try:
-            buffers = _copy(hold, dev)
+            buffers = _copy(hold, dev, pinned.sum_stream())
         except BadEntry as exc:
             pinned.drop(digest)
             tier.corrupt(digest, str(exc))
@@ -322,21 +350,33 @@ def place_pinned(
     return HeldLoad(buffers, totals, nbytes, copy_s)
 
 
-def _copy(hold: Hold, dev: torch.device) -> list[torch.Tensor]:
+def _copy(hold: Hold, dev: torch.device, sum_stream: torch.cuda.Stream) -> list[torch.Tensor]:
     """Every piece copied to new device buffers on the current stream and, where the
-    hold has sums, checked there against them; returns once the copies and the check
-    are done. Raises ``BadEntry`` naming the first piece that differs."""
+    hold has sums, summed on ``sum_stream`` as soon as it is copied (the sums of one
+    piece overlap the copies of the next) and compared with the hold's; returns once
+    the copies and the check are done. Raises ``BadEntry`` naming the first piece that
+    differs."""
     out = [torch.empty(f.data_bytes, dtype=torch.uint8, device=dev) for f in hold.files]
+    copy_stream = torch.cuda.current_stream(dev)
+    rows: list[torch.Tensor] = []
+    bad: list[int] = []
     try:
         for i, f in enumerate(hold.files):
             for begin, end in f.pieces():
                 out[i][begin:end].copy_(hold.buffers[i][begin:end], non_blocking=True)
-        if hold.sums is None:
-            return out
-        got = torch.cat([piece_sums(b, f.pieces()) for b, f in zip(out, hold.files, strict=True)])
-        bad = (got != hold.sums).any(dim=1).nonzero().flatten().tolist()  # waits for all
+                if hold.sums is not None:
+                    copied = torch.cuda.Event()
+                    copied.record(copy_stream)
+                    sum_stream.wait_event(copied)
+                    with torch.cuda.stream(sum_stream):
+                        rows.append(piece_sums(out[i], [(begin, end)]))
+        if hold.sums is not None:
+            copy_stream.wait_stream(sum_stream)
+            got = torch.cat(rows) if rows else hold.sums
+            bad = (got != hold.sums).any(dim=1).nonzero().flatten().tolist()  # waits for all
     finally:  # no copy may still read the hold when it is released
-        torch.cuda.current_stream(dev).synchronize()
+        sum_stream.synchronize()
+        copy_stream.synchronize()
     if bad:
         i, begin, end = [(i, b, e) for i, f in enumerate(hold.files) for b, e in f.pieces()][bad[0]]
         raise BadEntry(

@@ -27,19 +27,18 @@ from collections.abc import Sequence
 import torch
 
 _C = 0x9E3779B97F4A7C15 - (1 << 64)  # odd; as a signed int64
-_weights: dict[tuple[str, int], torch.Tensor] = {}
+_weights: dict[str, torch.Tensor] = {}
 
 
-def _k(device: torch.device, words: int) -> torch.Tensor:
-    """``k_0 .. k_{words-1}`` on ``device`` (kept: pieces share one size)."""
-    key = (str(device), words)
-    k = _weights.get(key)
-    if k is None:
-        k = torch.arange(1, 2 * words + 1, 2, dtype=torch.int64, device=device) * _C
-        if len(_weights) > 8:
-            _weights.clear()
-        _weights[key] = k
-    return k
+def _k(device: torch.device, n: int) -> torch.Tensor:
+    """``k_0 .. k_{n-1}`` on ``device`` (one kept per device, the longest asked for)."""
+    k = _weights.get(str(device))
+    if k is None or k.numel() < n:
+        k = torch.arange(1, 2 * n + 1, 2, dtype=torch.int64, device=device) * _C
+        if k.is_cuda:  # made on this thread's stream: ready before another stream reads it
+            torch.cuda.current_stream(device).synchronize()
+        _weights[str(device)] = k
+    return k[:n]
 
 
 def piece_sums(buf: torch.Tensor, pieces: Sequence[tuple[int, int]]) -> torch.Tensor:
