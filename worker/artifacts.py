@@ -70,6 +70,7 @@ def ram_tier_config(spec: StoreSpec) -> RamTierConfig | None:
         directory=Path(spec.ram_tier_dir),
         max_bytes=spec.ram_tier_max_bytes,
         verify=spec.ram_tier_verify,
+        pin_ahead=spec.ram_tier_pin_ahead,
     )
 
 

@@ -65,6 +65,7 @@ def store_spec(settings: Settings) -> StoreSpec:
         ram_tier_dir=str(Path(ram_tier.directory).resolve()),
         ram_tier_max_bytes=ram_tier.max_bytes,
         ram_tier_verify=ram_tier.verify,
+        ram_tier_pin_ahead=ram_tier.pin_ahead,
     )
 
 

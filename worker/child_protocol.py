@@ -61,6 +61,7 @@ class StoreSpec(BaseModel):
     ram_tier_dir: str | None = None  # the worker's host-RAM tier; None or max 0: none
     ram_tier_max_bytes: int = 0
     ram_tier_verify: bool = True
+    ram_tier_pin_ahead: bool = True  # a CUDA pool process pins the tier while it waits
 
 
 class ContainerSpec(BaseModel):
