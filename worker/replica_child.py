@@ -21,9 +21,11 @@ import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from worker.call_cancel import CallCancelled, RunningCalls
+from worker.pushed_calls import PushOut, StepFrames
 
 T_ENTRY_S = time.time()  # as early as possible: process_start ends here
 # Call threads of a replica told no target concurrency (an older agent).
@@ -116,6 +118,8 @@ class ChildServer:
         # thread per call was about a sixth of the replica's CPU for a no-op call.
         self.calls: ThreadPoolExecutor | None = None
         self.running = RunningCalls()  # whose function runs on which thread: cancels
+        # A function that pushes its streamed chunks step by step: their frames
+        self.step_frames: StepFrames | None = None
 
     def serve(self) -> None:
         from worker.child_protocol import (
@@ -184,6 +188,7 @@ class ChildServer:
             return
         try:
             self.replica = specialize(msg.spec, self.loader)
+            self.step_frames = self._step_frames(self.replica)
             if msg.spec.max_batch_size is not None:
                 self.batcher = self._batcher(msg.spec.max_batch_size, msg.spec.max_wait_ms)
             else:
@@ -201,6 +206,16 @@ class ChildServer:
         )
         self.conn.send(dump(ready))
         reporter_for(self.replica.instance, self.conn.send)  # an LLM replica's engine load
+
+    def _step_frames(self, replica: Any) -> StepFrames | None:
+        """A function that pushes its streamed chunks step by step (an LLM function:
+        ``worker.pushed_calls``) gets the frames its steps are sent in; None otherwise."""
+        instance = replica.instance
+        if not (replica.pass_call_context and hasattr(instance, "push_call")):
+            return None
+        frames = StepFrames(self.conn.send_frame)
+        instance.add_step_listener(frames.flush)
+        return frames
 
     def _batcher(self, max_batch_size: int, max_wait_ms: float) -> Any:
         """Calls of a batched function go through ``batch()``, gathered by a Batcher."""
@@ -297,6 +312,10 @@ class ChildServer:
         if self.replica.pass_call_context:
             args += (call,)
         try:
+            if msg.stream and self.step_frames is not None:
+                out = PushOut(self.step_frames, partial(_output_frame, msg.call_id), t0, timings)
+                self.replica.instance.push_call(msg.input, call, out)
+                return None
             return self._collect(self.replica.instance(*args), msg, t0, timings)
         finally:  # the function's own phases, also when it failed
             for name, ms in function_timings(call.timings_ms).items():

@@ -9,6 +9,10 @@
                                                           batch at the next step)
     router thread      manager.get_result() ─ by request id ─▶ that call's queue
     call thread        ◀─ TokenStep per new token ─ its queue
+
+    or pushed (``push``): the router hands each request's TokenStep to its sink, in the
+    router thread, and after each batch of outputs (a step's) calls the step listeners,
+    so no thread is woken per token (``worker.llm.function.LLMFunction.push_call``)
     a call that stops  cancel_request; the manager sends no final output for a
     early              cancelled request, so the engine ends that stream itself
 
@@ -28,11 +32,12 @@ the manager's one global RNG.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
 import uuid
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -44,6 +49,8 @@ FinishReason = Literal["stop", "length"]
 SEED_LIMIT = 2**63  # exclusive: OpenAI's seed is a signed 64-bit integer
 _ROUTER_POLL_S = 0.05
 _WAKE_S = 0.1
+
+log = logging.getLogger(__name__)
 
 
 class EngineError(RuntimeError):
@@ -151,12 +158,23 @@ def _with_waiting(step: TokenStep, steps: queue.Queue[Any]) -> tuple[TokenStep, 
     return step, None
 
 
+# What a pushed request's sink is given: its next step, or the error that ended it.
+Sink = Callable[["TokenStep | EngineError"], None]
+
+
 @dataclass
 class _Stream:
     queue: queue.Queue[Any]
     sampling: Sampling
     stop_ids: frozenset[int]
     seen: int = 0  # generated tokens already handed over
+    sink: Sink | None = None  # pushed: steps go here, in the router thread
+
+    def put(self, item: TokenStep | EngineError) -> None:
+        if self.sink is not None:
+            self.sink(item)
+        else:
+            self.queue.put(item)
 
 
 class Engine:
@@ -212,6 +230,7 @@ class Engine:
         self._lock = threading.Lock()
         self._streams: dict[str, _Stream] = {}
         self._closed = threading.Event()
+        self._step_listeners: list[Callable[[], None]] = []
         self.peak_active = 0  # most requests seen in one running batch
         self.aborted = 0  # requests cancelled before they finished (their callers left)
         self._manager.start()
@@ -268,6 +287,52 @@ class Engine:
                 self._manager.cancel_request(request_id)
                 self.aborted += 1  # its sequence and KV blocks are freed now
 
+    def push(self, prompt_ids: list[int], sampling: Sampling, sink: Sink, request_id: str) -> None:
+        """Start request ``request_id``, whose steps the router hands to ``sink`` (in its
+        thread; the last step has its finish reason, or the sink gets an
+        ``EngineError``); ``cancel(request_id)`` ends it early. The sink must be quick:
+        every stream waits for it."""
+        if not prompt_ids:
+            raise EngineError("the prompt has no tokens")
+        eos_ids = () if sampling.ignore_eos else self.eos_token_ids
+        stop_ids = frozenset(eos_ids) | frozenset(sampling.stop_token_ids)
+        with self._lock:
+            if self._closed.is_set():
+                raise EngineError("the engine is stopped")
+            self._streams[request_id] = _Stream(queue.Queue(), sampling, stop_ids, sink=sink)
+        try:
+            added = self._manager.add_request(
+                list(prompt_ids),
+                request_id=request_id,
+                max_new_tokens=sampling.max_new_tokens,
+                streaming=True,
+                eos_token_id=sorted(stop_ids) or -1,
+                **sampling.processor_kwargs(self.vocab_size),
+            )
+        except BaseException:
+            with self._lock:
+                self._streams.pop(request_id, None)
+            raise
+        if added is None:
+            with self._lock:
+                self._streams.pop(request_id, None)
+            raise EngineError("the engine is not taking requests (stopping)")
+
+    def cancel(self, request_id: str) -> None:
+        """End a pushed request: its sink gets nothing more (but the step the router
+        may be handing over as this is called), and unless it had finished its sequence
+        and KV blocks are freed."""
+        with self._lock:
+            stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            self._manager.cancel_request(request_id)
+            self.aborted += 1
+
+    def add_step_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` in the router thread after each batch of outputs it handed
+        over (those of one step, or of the steps it fell behind by)."""
+        self._step_listeners.append(listener)
+
     def active_requests(self) -> int:
         """Requests the manager holds now, running or waiting for room."""
         running, waiting, _ = self.load()
@@ -296,18 +361,25 @@ class Engine:
                 if not self._manager.is_running():
                     time.sleep(_ROUTER_POLL_S)  # get_result returns at once then
                 continue
-            self._deliver(output)
+            while output is not None:  # the rest of the step's outputs, if they are there
+                self._deliver(output)
+                output = self._manager.get_result(timeout=0)
+            self._after_step()
 
     def _deliver(self, output: Any) -> None:
         with self._lock:
             stream = self._streams.get(output.request_id)
+            if stream is not None and stream.sink is not None and output.is_finished():
+                self._streams.pop(output.request_id)  # pushed: nothing is left to hand over
         if stream is None:
             return  # cancelled: its caller left
         processor = self._manager.batch_processor
         if processor is not None:
             self.peak_active = max(self.peak_active, len(processor.scheduler.active_requests))
         if output.error is not None:
-            stream.queue.put(EngineError(f"generation failed: {output.error}"))
+            with self._lock:
+                self._streams.pop(output.request_id, None)
+            stream.put(EngineError(f"generation failed: {output.error}"))
             return
         tokens = list(output.generated_tokens)
         new, stream.seen = tokens[stream.seen :], len(tokens)
@@ -318,15 +390,27 @@ class Engine:
         if new or reason is not None:
             began = float(output.lifespan[0])
             started = began if began > 0 else None
-            stream.queue.put(TokenStep(new, time.perf_counter(), reason, started))
+            stream.put(TokenStep(new, time.perf_counter(), reason, started))
 
     # --- shutdown ------------------------------------------------------------------
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the manager; every open stream ends with ``EngineError``."""
+        """Stop the manager; every open stream ends with ``EngineError``, the last
+        thing it is handed (the router stops first)."""
         with self._lock:
             self._closed.set()
+        if self._router is not threading.current_thread():
+            self._router.join(timeout=timeout_s)  # it stops at its next poll
+        with self._lock:
             open_streams = list(self._streams.values())
+            self._streams.clear()
         for stream in open_streams:
-            stream.queue.put(EngineError("the engine stopped"))
+            stream.put(EngineError("the engine stopped"))
+        self._after_step()  # the router is gone: the pushed streams' ends go out here
         self._manager.stop(block=True, timeout=timeout_s)
-        self._router.join(timeout=timeout_s)
+
+    def _after_step(self) -> None:
+        for listener in self._step_listeners:
+            try:
+                listener()
+            except Exception:  # a listener's failure must not stop every stream
+                log.exception("an engine step listener failed")

@@ -47,10 +47,65 @@ class LLMFunction:
         self.llm = LLMReplica(ctx, self.options, adapters=adapters, cpu_cores=self.cpu_cores)
 
     def __call__(self, input: Any, call: Any) -> Any:
-        llm = self.llm
-        if llm is None:
-            raise RuntimeError("the LLM function was called before its setup")
+        llm = self._llm()
         started = time.perf_counter()
+        prompt, sampling, stop = self._prepare(llm, input, call)
+        deltas = _timed(llm.stream(prompt, sampling, stop, call.adapter), started, call)
+        if call.stream:
+            return (_chunk(d, call.usage, i == 0) for i, d in enumerate(deltas))
+        text, tokens, reason = [], 0, None
+        for delta in deltas:
+            text.append(delta.text)
+            tokens += delta.tokens
+            reason = delta.finish_reason
+        out = {"text": "".join(text), "tokens": tokens, "finish_reason": reason}
+        return {**out, "usage": dict(call.usage)}
+
+    def push_call(self, input: Any, call: Any, out: Any) -> None:
+        """A streamed call pushed (``worker.pushed_calls``): the chunks ``__call__``'s
+        stream would yield are handed to ``out.chunk`` by the engine's router as steps
+        are made, then ``out.end()``; returns once ``out.wait()`` says the end was sent,
+        raises what ended the call early. No thread is woken per token."""
+        llm = self._llm()
+        started = time.perf_counter()
+        prompt, sampling, stop = self._prepare(llm, input, call)
+        timing = _TokenTiming(started, call)
+        errors: list[BaseException] = []
+        first = True
+
+        def on_delta(delta: TextDelta) -> None:
+            nonlocal first
+            timing.add(delta)
+            out.chunk(_chunk(delta, call.usage, first))
+            first = False
+
+        def on_end(error: BaseException | None) -> None:
+            if error is not None:
+                errors.append(error)
+            timing.finish()
+            out.end()
+
+        try:
+            with llm.pushed(prompt, sampling, stop, call.adapter, on_delta, on_end):
+                out.wait()
+        finally:
+            timing.finish()  # a call cut short: what it made (nothing pushes after the block)
+        if errors:
+            raise errors[0]
+
+    def add_step_listener(self, listener: Any) -> None:
+        """Call ``listener`` after each engine step's pushed chunks (``Engine``)."""
+        self._llm().engine.add_step_listener(listener)
+
+    def _llm(self) -> LLMReplica:
+        if self.llm is None:
+            raise RuntimeError("the LLM function was called before its setup")
+        return self.llm
+
+    def _prepare(
+        self, llm: LLMReplica, input: Any, call: Any
+    ) -> tuple[list[int], Sampling, list[str]]:
+        """The call's prompt tokens, sampling and stop strings; its usage started."""
         request = _request(input)
         if "messages" in request:
             prompt = llm.chat_prompt(request["messages"])
@@ -65,16 +120,7 @@ class LLMFunction:
         )
         call.usage["prompt_tokens"] = len(prompt)
         call.usage["completion_tokens"] = 0
-        deltas = _timed(llm.stream(prompt, sampling, request["stop"], call.adapter), started, call)
-        if call.stream:
-            return (_chunk(d, call.usage, i == 0) for i, d in enumerate(deltas))
-        text, tokens, reason = [], 0, None
-        for delta in deltas:
-            text.append(delta.text)
-            tokens += delta.tokens
-            reason = delta.finish_reason
-        out = {"text": "".join(text), "tokens": tokens, "finish_reason": reason}
-        return {**out, "usage": dict(call.usage)}
+        return prompt, sampling, request["stop"]
 
     def engine_stats(self) -> EngineStats | None:
         """The engine's load now (the worker reports it: ``worker.engine_report``)."""
@@ -109,35 +155,56 @@ def _chunk(delta: TextDelta, usage: dict[str, int], first: bool) -> dict[str, An
 
 
 def _timed(deltas: Iterator[TextDelta], started: float, call: Any) -> Iterator[TextDelta]:
-    """``deltas``, counting the call's completion tokens and timing it as they pass
-    (also for a call cut short): ``ttft`` from the call's start, ``engine_queue`` until
-    the engine took the request in, ``tpot`` the mean gap after the first token and
-    ``itl_p50`` / ``itl_p99`` the inter-token gaps (a step of n tokens: n equal gaps)."""
-    first = last = None
-    tokens = 0
-    gaps_ms: list[float] = call.token_gaps_ms  # reported with the call's end
+    """``deltas``, counted and timed as they pass (``_TokenTiming``), also for a call
+    cut short."""
+    timing = _TokenTiming(started, call)
     try:
         for delta in deltas:
-            if delta.started_s is not None and "engine_queue" not in call.timings_ms:
-                call.timings_ms["engine_queue"] = max(0.0, delta.started_s - started) * 1000
-            if delta.tokens:
-                if first is None:
-                    first = delta.at_s
-                    call.timings_ms["ttft"] = (first - started) * 1000
-                    gaps_ms += [0.0] * (delta.tokens - 1)  # tokens of one step come at once
-                else:
-                    gap_ms = (delta.at_s - last) * 1000 / delta.tokens  # type: ignore[operator]
-                    gaps_ms += [gap_ms] * delta.tokens
-                last = delta.at_s
-                tokens += delta.tokens
-                call.usage["completion_tokens"] = tokens
+            timing.add(delta)
             yield delta
     finally:
         deltas.close()  # type: ignore[attr-defined]  # a generator: cancels the request
-        if first is not None and last is not None and tokens > 1:
-            call.timings_ms["tpot"] = (last - first) * 1000 / (tokens - 1)
-            call.timings_ms["itl_p50"] = _percentile(gaps_ms, 50)
-            call.timings_ms["itl_p99"] = _percentile(gaps_ms, 99)
+        timing.finish()
+
+
+class _TokenTiming:
+    """A call's completion tokens counted and timed as its deltas come: ``ttft`` from
+    the call's start, ``engine_queue`` until the engine took the request in, ``tpot``
+    the mean gap after the first token and ``itl_p50`` / ``itl_p99`` the inter-token
+    gaps (a step of n tokens: n equal gaps), in the call's timings."""
+
+    def __init__(self, started: float, call: Any) -> None:
+        self.started = started
+        self.call = call
+        self.first: float | None = None
+        self.last: float | None = None
+        self.tokens = 0
+        self.gaps_ms: list[float] = call.token_gaps_ms  # reported with the call's end
+
+    def add(self, delta: TextDelta) -> None:
+        timings = self.call.timings_ms
+        if delta.started_s is not None and "engine_queue" not in timings:
+            timings["engine_queue"] = max(0.0, delta.started_s - self.started) * 1000
+        if not delta.tokens:
+            return
+        if self.first is None or self.last is None:
+            self.first = delta.at_s
+            timings["ttft"] = (self.first - self.started) * 1000
+            self.gaps_ms += [0.0] * (delta.tokens - 1)  # tokens of one step come at once
+        else:
+            gap_ms = (delta.at_s - self.last) * 1000 / delta.tokens
+            self.gaps_ms += [gap_ms] * delta.tokens
+        self.last = delta.at_s
+        self.tokens += delta.tokens
+        self.call.usage["completion_tokens"] = self.tokens
+
+    def finish(self) -> None:
+        """The per-token figures, once the deltas have ended (again: the same)."""
+        if self.first is not None and self.last is not None and self.tokens > 1:
+            timings = self.call.timings_ms
+            timings["tpot"] = (self.last - self.first) * 1000 / (self.tokens - 1)
+            timings["itl_p50"] = _percentile(self.gaps_ms, 50)
+            timings["itl_p99"] = _percentile(self.gaps_ms, 99)
 
 
 def _percentile(values: list[float], q: float) -> float:

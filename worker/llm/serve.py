@@ -10,6 +10,7 @@ and time per output token are measured here, where tokens are made.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,7 +19,14 @@ from typing import Any
 
 from control_plane.protocol import LLMOptions
 from worker.llm.detokenize import IncrementalDetokenizer
-from worker.llm.engine import Engine, EngineError, EngineSizes, FinishReason, Sampling
+from worker.llm.engine import (
+    Engine,
+    EngineError,
+    EngineSizes,
+    FinishReason,
+    Sampling,
+    TokenStep,
+)
 from worker.llm.stops import StopScanner
 from worker.llm.threads import StepThreads
 
@@ -174,6 +182,32 @@ class LLMReplica:
         finally:
             steps.close()
 
+    @contextmanager
+    def pushed(
+        self,
+        prompt_ids: list[int],
+        sampling: Sampling,
+        stop: list[str] | None,
+        adapter: str | None,
+        on_delta: Callable[[TextDelta], None],
+        on_end: Callable[[BaseException | None], None],
+    ) -> Iterator[None]:
+        """``stream`` pushed: while the caller stays in this block (holding ``adapter``'s
+        turn), the engine's router hands each delta to ``on_delta`` and then calls
+        ``on_end`` once, with the error that ended the call or None. Leaving the block
+        early cancels the request; nothing is handed over after it."""
+        if adapter is not None and adapter not in self.adapters:
+            raise LLMRequestError(
+                f"unknown adapter {adapter!r}; this function has {self.adapters or 'none'}"
+            )
+        with self.gate.hold(adapter):
+            text = PushedText(self, stop, on_delta, on_end)
+            self.engine.push(prompt_ids, sampling, text.sink, text.request_id)
+            try:
+                yield
+            finally:
+                text.cancel()
+
     def _switch_adapter(self, name: str | None) -> None:
         """Make ``name`` the model's active adapter (None: the base model alone);
         called by the gate while no request runs."""
@@ -188,6 +222,68 @@ class LLMReplica:
 
     def close(self) -> None:
         self.engine.close()
+
+
+class PushedText:
+    """One pushed call's text: each step the engine's router hands over, detokenized
+    with stop strings applied, as ``LLMReplica._stream`` makes it; a ``TextDelta`` to
+    ``on_delta``, then ``on_end`` once. Steps are taken under a lock, so after
+    ``cancel`` returns nothing more is handed over."""
+
+    def __init__(
+        self,
+        replica: LLMReplica,
+        stop: list[str] | None,
+        on_delta: Callable[[TextDelta], None],
+        on_end: Callable[[BaseException | None], None],
+    ) -> None:
+        self.request_id = uuid.uuid4().hex
+        self._engine = replica.engine
+        self._detok = IncrementalDetokenizer(replica.tokenizer)
+        self._scan = StopScanner(stop or [])
+        self._on_delta = on_delta
+        self._on_end = on_end
+        self._lock = threading.Lock()
+        self._ended = False
+
+    def sink(self, item: TokenStep | EngineError) -> None:
+        with self._lock:
+            if self._ended:
+                return
+            try:
+                if isinstance(item, EngineError):
+                    raise item
+                self._step(item)
+            except Exception as exc:
+                self._engine.cancel(self.request_id)
+                self._end(exc)
+
+    def _step(self, step: TokenStep) -> None:
+        scan = self._scan
+        text = scan.feed(self._detok.add(step.token_ids))
+        n, at, began = len(step.token_ids), step.at_s, step.started_s
+        if scan.stopped:
+            self._engine.cancel(self.request_id)  # a stop string ends it here
+            self._on_delta(TextDelta(text, n, at, "stop", began))
+            self._end(None)
+        elif step.finished:
+            text += scan.feed(self._detok.finish()) + scan.finish()
+            reason = "stop" if scan.stopped else step.finish_reason
+            self._on_delta(TextDelta(text, n, at, reason, began))
+            self._end(None)
+        else:
+            self._on_delta(TextDelta(text, n, at, None, began))
+
+    def _end(self, error: BaseException | None) -> None:
+        self._ended = True
+        self._on_end(error)
+
+    def cancel(self) -> None:
+        """End the request unless it has ended; nothing is handed over after this."""
+        with self._lock:
+            ended, self._ended = self._ended, True
+        if not ended:
+            self._engine.cancel(self.request_id)
 
 
 _WAKE_S = 0.1

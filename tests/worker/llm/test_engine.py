@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -263,3 +264,93 @@ def test_a_reader_behind_the_batch_takes_the_steps_it_missed_as_one() -> None:
     joined, held = _with_waiting(TokenStep([1], 1.0), steps)
     assert joined == TokenStep([1, 2], 2.0) and held is failure
     assert _with_waiting(TokenStep([7], 7.0), queue.Queue()) == (TokenStep([7], 7.0), None)
+
+
+def test_pushed_requests_get_the_same_tokens_and_a_listener_call_per_batch(model: Any) -> None:
+    """``push``: the router hands each step to the request's sink and calls the step
+    listeners after each batch of outputs; the tokens are ``generate``'s."""
+    sizes = EngineSizes(max_num_seqs=4, max_batch_tokens=128, kv_cache_bytes=1 << 20)
+    engine = Engine(model, sizes, eos_token_ids=[EOS])
+    prompts = _prompts()[:3]
+    steps: dict[str, list[TokenStep]] = {str(i): [] for i in range(len(prompts))}
+    done = threading.Event()
+    batches: list[int] = []  # steps handed over between two listener calls
+    handed = 0
+
+    def sink_for(key: str) -> Any:
+        def sink(item: Any) -> None:
+            nonlocal handed
+            assert isinstance(item, TokenStep), item
+            steps[key].append(item)
+            handed += 1
+            if all(s and s[-1].finished for s in steps.values()):
+                done.set()
+
+        return sink
+
+    def listener() -> None:
+        nonlocal handed
+        batches.append(handed)
+        handed = 0
+
+    try:
+        engine.add_step_listener(listener)
+        expected = [run_to_end(engine, p, Sampling(max_new_tokens=10))[0] for p in prompts]
+        batches.clear()
+        for i, prompt in enumerate(prompts):
+            engine.push(prompt, Sampling(max_new_tokens=10), sink_for(str(i)), f"r{i}")
+        assert done.wait(30)
+        got = [[t for s in steps[str(i)] for t in s.token_ids] for i in range(len(prompts))]
+        assert got == expected
+        assert sum(batches) == sum(len(s) for s in steps.values())
+        assert max(batches) > 1  # the three requests' steps came in shared batches
+        assert engine.active_requests() == 0
+    finally:
+        engine.close()
+
+
+def test_closing_the_engine_ends_a_pushed_request_and_tells_the_listeners(model: Any) -> None:
+    sizes = EngineSizes(max_num_seqs=2, max_batch_tokens=128, kv_cache_bytes=1 << 20)
+    engine = Engine(model, sizes, eos_token_ids=[EOS])
+    got: list[Any] = []
+    flushed = threading.Event()
+    first = threading.Event()
+
+    def sink(item: Any) -> None:
+        got.append(item)
+        first.set()
+
+    engine.add_step_listener(flushed.set)
+    engine.push(_prompts()[0], Sampling(max_new_tokens=200, ignore_eos=True), sink, "long")
+    assert first.wait(30)
+    flushed.clear()
+    engine.close()
+    assert isinstance(got[-1], EngineError) and "stopped" in str(got[-1])
+    assert flushed.is_set()  # the error's frames go out, though the router has stopped
+    with pytest.raises(EngineError, match="stopped"):
+        engine.push(_prompts()[0], Sampling(max_new_tokens=2), sink, "late")
+
+
+def test_a_cancelled_pushed_request_gets_nothing_more(model: Any) -> None:
+    sizes = EngineSizes(max_num_seqs=2, max_batch_tokens=128, kv_cache_bytes=1 << 20)
+    engine = Engine(model, sizes, eos_token_ids=[EOS])
+    got: list[Any] = []
+    first = threading.Event()
+
+    def sink(item: Any) -> None:
+        got.append(item)
+        first.set()
+
+    try:
+        engine.push(_prompts()[1], Sampling(max_new_tokens=200, ignore_eos=True), sink, "c")
+        assert first.wait(30)
+        engine.cancel("c")
+        n = len(got)
+        deadline = time.monotonic() + 5
+        while engine.active_requests():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert len(got) <= n + 1 and engine.aborted == 1  # at most the one being handed over
+        assert not any(isinstance(s, TokenStep) and s.finished for s in got)
+    finally:
+        engine.close()

@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,11 @@ from control_plane.protocol import LLMOptions
 from examples.build_model import build_adapter, build_model
 from snapshotter.loader import LoadedTensors
 from worker.call_cancel import CallCancelled, RunningCalls
+from worker.frames import LENGTH
 from worker.llm.function import LLMFunction, _timed
 from worker.llm.serve import AdapterGate, LLMRequestError, TextDelta
+from worker.pushed_calls import PushOut, StepFrames
+from worker.replica_child import _output_frame
 from worker.sdk import Adapter, CallContext, Context
 
 
@@ -206,3 +210,136 @@ def test_the_gate_runs_one_adapter_at_a_time_and_starves_none() -> None:
     late_a.join(5)
     assert log == ["b", "a-late"]
     assert switches == ["a", "b", "a"]
+
+
+class _Sent:
+    """What a replica's step frames sent to the agent, write by write."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def __call__(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def chunks(self, call_id: str) -> list[dict[str, Any]]:
+        out = []
+        for data in self.writes:
+            at = 0
+            while at < len(data):
+                (size,) = LENGTH.unpack_from(data, at)
+                frame = json.loads(data[at + LENGTH.size : at + LENGTH.size + size])
+                at += LENGTH.size + size
+                if frame["call_id"] == call_id:
+                    out.append(frame["chunk"])
+        return out
+
+
+@pytest.fixture(scope="module")
+def step_frames(function: LLMFunction) -> tuple[StepFrames, _Sent]:
+    sent = _Sent()
+    frames = StepFrames(sent)
+    function.add_step_listener(frames.flush)
+    return frames, sent
+
+
+def _push(
+    function: LLMFunction, frames: StepFrames, request: dict[str, Any], call: CallContext
+) -> PushOut:
+    out = PushOut(frames, partial(_output_frame, call.call_id), time.perf_counter(), {})
+    function.push_call(request, call, out)
+    assert out.done.is_set()  # its end was sent before the call returned
+    return out
+
+
+def test_a_pushed_stream_is_the_pulled_stream_sent_a_step_at_a_time(
+    function: LLMFunction, step_frames: tuple[StepFrames, _Sent]
+) -> None:
+    frames, sent = step_frames
+    request = {"messages": [{"role": "user", "content": "Hey"}], "max_tokens": 16, "temperature": 0}
+    pulled = list(function(request, _call(stream=True)))
+    call = CallContext("pushed-1", stream=True)
+    _push(function, frames, request, call)
+    assert sent.chunks("pushed-1") == pulled  # text, tokens, prompt_tokens, finish, usage
+    assert call.usage["completion_tokens"] == sum(c["tokens"] for c in pulled)
+    assert 0 <= call.timings_ms["engine_queue"] <= call.timings_ms["ttft"]
+    if call.usage["completion_tokens"] > 1:
+        assert call.timings_ms["tpot"] > 0 and len(call.token_gaps_ms) > 1
+
+
+def test_pushed_streams_share_a_write_per_step(
+    function: LLMFunction, step_frames: tuple[StepFrames, _Sent]
+) -> None:
+    frames, sent = step_frames
+    sent.writes.clear()
+    request = {"prompt": "Once upon", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    calls = [CallContext(f"many-{i}", stream=True) for i in range(4)]
+    threads = [threading.Thread(target=_push, args=(function, frames, request, c)) for c in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    texts = {"".join(c["text"] for c in sent.chunks(call.call_id)) for call in calls}
+    assert len(texts) == 1  # greedy: the same text for each
+    shared = [w for w in sent.writes if w.count(b'"call_id":"many-') > 1]
+    assert shared, "no step's chunks for several calls went in one write"
+    assert len(sent.writes) < sum(len(sent.chunks(c.call_id)) for c in calls)
+
+
+def test_a_stop_string_ends_a_pushed_stream_and_frees_its_sequence(
+    function: LLMFunction, step_frames: tuple[StepFrames, _Sent]
+) -> None:
+    frames, sent = step_frames
+    request = {"prompt": "Hello", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+    whole = function(request, _call())["text"]
+    stop = whole[len(whole) // 2 : len(whole) // 2 + 2]
+    assert stop.strip(), "the text has a stop string to find"
+    call = CallContext("stopped", stream=True)
+    _push(function, frames, {**request, "stop": [stop]}, call)
+    chunks = sent.chunks("stopped")
+    assert chunks[-1]["finish_reason"] == "stop"
+    assert "".join(c["text"] for c in chunks) == whole[: whole.find(stop)]
+    _wait_idle(function)
+
+
+def test_a_cancel_in_a_pushed_calls_thread_frees_its_sequence(
+    function: LLMFunction, step_frames: tuple[StepFrames, _Sent]
+) -> None:
+    frames, sent = step_frames
+    engine = function.llm.engine  # type: ignore[union-attr]
+    aborted = engine.aborted
+    running = RunningCalls()
+    ended: list[BaseException] = []
+    call = CallContext("cancelled", stream=True)
+
+    def run() -> None:
+        running.enter(call.call_id)
+        try:
+            _push(function, frames, {"prompt": "Hi", "max_tokens": 64, "temperature": 1.0}, call)
+        except CallCancelled as exc:
+            ended.append(exc)
+        finally:
+            running.leave(call.call_id)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not sent.chunks("cancelled"):
+        assert time.monotonic() < deadline, "no chunk was pushed"
+        time.sleep(0.005)
+    running.cancel(call.call_id)
+    thread.join(5)
+    assert ended and not thread.is_alive()
+    _wait_idle(function)
+    assert engine.aborted == aborted + 1
+    n = len(sent.chunks("cancelled"))
+    time.sleep(0.2)
+    assert len(sent.chunks("cancelled")) == n  # nothing pushed after the cancel
+    assert "finish_reason" not in sent.chunks("cancelled")[-1]
+
+
+def test_a_pushed_call_for_an_unknown_adapter_is_a_request_error(
+    function: LLMFunction, step_frames: tuple[StepFrames, _Sent]
+) -> None:
+    frames, _sent = step_frames
+    with pytest.raises(LLMRequestError, match="unknown adapter"):
+        _push(function, frames, {"prompt": "Hi"}, _call(stream=True, adapter="nope"))
