@@ -59,6 +59,7 @@ def _function(root: Path, streams: int) -> Any:
     weights = LoadedTensors()
     for shard in sorted(model_dir.glob("*.safetensors")):
         weights.update(load_file(shard))
+    weights.report = None  # type: ignore[assignment]  # read from files, not the store
     ctx = Context(device="cpu", weights=weights, config=config, files=model_dir)
     options = LLMOptions(max_num_seqs=streams, kv_cache_mb=64, max_tokens_limit=256)
     fn = LLMFunction(options)
