@@ -335,6 +335,10 @@ def place_pinned(
             pinned.drop(digest)
             tier.corrupt(digest, str(exc))
             return None
+        except Exception:  # the hold is an optimization: the load goes on without it
+            log.exception("copying pinned RAM tier entry %s failed; loading it unpinned", digest)
+            pinned.drop(digest)
+            return None
     tier.record_hit(digest)
     copy_s = time.perf_counter() - start
     nbytes = hold.nbytes
