@@ -4,10 +4,8 @@ while it waits, and its load checks and copies them with no registration."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +21,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-
-_SHM = Path("/dev/shm")
-
-
-@pytest.fixture
-def tier_config() -> Iterator[RamTierConfig]:
-    parent = _SHM if _SHM.is_dir() else None
-    directory = Path(tempfile.mkdtemp(prefix="thaw-test-pinned-", dir=parent))
-    yield RamTierConfig(directory=directory, max_bytes=256 << 20)
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _held(tmp_path: Path, llama_dir: Path, tier_config: RamTierConfig) -> tuple[Any, str]:

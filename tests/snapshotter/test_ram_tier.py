@@ -8,9 +8,8 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,15 +33,6 @@ from tests.snapshotter.loadkit import (
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _SHM = Path("/dev/shm")
-
-
-@pytest.fixture
-def tier_config() -> Iterator[RamTierConfig]:
-    """A fresh tier directory on the real tmpfs when there is one."""
-    parent = _SHM if _SHM.is_dir() else None
-    directory = Path(tempfile.mkdtemp(prefix="thaw-test-ram-", dir=parent))
-    yield RamTierConfig(directory=directory, max_bytes=256 << 20)
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _cache(path: Path) -> DiskCache:

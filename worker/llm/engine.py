@@ -244,28 +244,10 @@ class Engine:
         """The request's tokens as they are made, in steps; the last step has its
         finish reason. Closing the iterator early cancels the request and frees its
         sequence and KV blocks. Raises ``EngineError``."""
-        if not prompt_ids:
-            raise EngineError("the prompt has no tokens")
         request_id = uuid.uuid4().hex
-        eos_ids = () if sampling.ignore_eos else self.eos_token_ids
-        stop_ids = frozenset(eos_ids) | frozenset(sampling.stop_token_ids)
-        stream = _Stream(queue.Queue(), sampling, stop_ids)
-        with self._lock:
-            if self._closed.is_set():
-                raise EngineError("the engine is stopped")
-            self._streams[request_id] = stream
+        stream = self._start(prompt_ids, sampling, request_id, None)
         finished = False
         try:
-            added = self._manager.add_request(
-                list(prompt_ids),
-                request_id=request_id,
-                max_new_tokens=sampling.max_new_tokens,
-                streaming=True,
-                eos_token_id=sorted(stop_ids) or -1,
-                **sampling.processor_kwargs(self.vocab_size),
-            )
-            if added is None:
-                raise EngineError("the engine is not taking requests (stopping)")
             held: Any = None  # what the last drain took past its step: an error
             while not finished:
                 if held is not None:
@@ -292,14 +274,23 @@ class Engine:
         thread; the last step has its finish reason, or the sink gets an
         ``EngineError``); ``cancel(request_id)`` ends it early. The sink must be quick:
         every stream waits for it."""
+        self._start(prompt_ids, sampling, request_id, sink)
+
+    def _start(
+        self, prompt_ids: list[int], sampling: Sampling, request_id: str, sink: Sink | None
+    ) -> _Stream:
+        """Register the request's stream and add it to the manager; raises
+        ``EngineError`` (nothing left registered) when it cannot be added."""
         if not prompt_ids:
             raise EngineError("the prompt has no tokens")
         eos_ids = () if sampling.ignore_eos else self.eos_token_ids
         stop_ids = frozenset(eos_ids) | frozenset(sampling.stop_token_ids)
+        stream = _Stream(queue.Queue(), sampling, stop_ids, sink=sink)
         with self._lock:
             if self._closed.is_set():
                 raise EngineError("the engine is stopped")
-            self._streams[request_id] = _Stream(queue.Queue(), sampling, stop_ids, sink=sink)
+            self._streams[request_id] = stream
+        added = None
         try:
             added = self._manager.add_request(
                 list(prompt_ids),
@@ -309,14 +300,13 @@ class Engine:
                 eos_token_id=sorted(stop_ids) or -1,
                 **sampling.processor_kwargs(self.vocab_size),
             )
-        except BaseException:
-            with self._lock:
-                self._streams.pop(request_id, None)
-            raise
+        finally:
+            if added is None:
+                with self._lock:
+                    self._streams.pop(request_id, None)
         if added is None:
-            with self._lock:
-                self._streams.pop(request_id, None)
             raise EngineError("the engine is not taking requests (stopping)")
+        return stream
 
     def cancel(self, request_id: str) -> None:
         """End a pushed request: its sink gets nothing more (but the step the router
