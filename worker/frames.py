@@ -91,6 +91,13 @@ class FrameSocket:
         del self._buf[:end]
         return _decode(body)
 
+    def buffered(self) -> bool:
+        """Whether a whole frame is read already: ``recv`` returns it without waiting."""
+        if len(self._buf) < LENGTH.size:
+            return False
+        (size,) = LENGTH.unpack_from(self._buf)
+        return len(self._buf) >= LENGTH.size + size
+
     def _fill(self, size: int, *, at_boundary: bool) -> None:
         """Read until the buffer holds ``size`` bytes."""
         while len(self._buf) < size:

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from control_plane.protocol import (
     CallEvent,
@@ -36,6 +37,7 @@ from worker.inventory import BandwidthMeter
 from worker.runtimes.base import (
     CallRequest,
     CallUpdate,
+    Relay,
     ReplicaHandle,
     ReplicaStartError,
     Runtime,
@@ -68,6 +70,26 @@ class _Seen:
         if len(self.keys) > MAX_SEEN_CALLS:
             self.keys.pop(next(iter(self.keys)))
         return True
+
+
+class _Outputs:
+    """A call's streamed outputs as reported: numbered in order, none after its end.
+    A relay reports them on the runtime's thread while the call's thread waits for
+    the end; ``lock`` keeps the two apart."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.ended = False
+        self.lock = threading.Lock()
+
+    def event(self, msg: RunCall, group: list[Any]) -> CallEvent:
+        """The output event of ``group``, the chunks after those sent."""
+        several = {"outputs": group} if len(group) > 1 else {"output": group[0]}
+        return CallEvent(attempt=msg.attempt, kind="output", seq=self.sent + 1, **several)
+
+    def end(self) -> None:
+        with self.lock:  # waits out a relay's write in progress
+            self.ended = True
 
 
 class ReplicaManager:
@@ -291,16 +313,54 @@ class ReplicaManager:
         started = CallEvent(attempt=msg.attempt, kind="started", timings_ms=timings)
         if msg.report_started and not self._event(msg, started):
             return
+        outputs = _Outputs()
         request = CallRequest(
-            msg.call_id, msg.input, msg.adapter, msg.attempt, msg.timeout_s, msg.stream
+            msg.call_id,
+            msg.input,
+            msg.adapter,
+            msg.attempt,
+            msg.timeout_s,
+            msg.stream,
+            relay=self._relay(msg, outputs) if msg.stream else None,
         )
         with self._lock:
             self._running[msg.call_id] = handle
         try:
-            self._forward(msg, handle.call(request), timings, started_s)
+            self._forward(msg, handle.call(request), timings, started_s, outputs)
         finally:
+            outputs.end()  # a relay reports nothing after the call's end, or once it left
             with self._lock:
                 self._running.pop(msg.call_id, None)
+
+    def _relay(self, msg: RunCall, outputs: _Outputs) -> Relay | None:
+        """For a direct call: its outputs reported on the runtime's thread as they come,
+        over the call's connection only. A failed write, an output over the cap or a
+        cancel leaves the outputs to the call's thread, which reports them over HTTP,
+        or ends the call, as it would have."""
+        sink = self._sinks.get(msg.call_id)
+        if sink is None:
+            return None
+        with self._lock:
+            entry = self._replicas.get(msg.replica_id)
+        secrets = entry.secrets if entry is not None else {}
+        limit = self.call_limits.max_stream_chunk_bytes
+
+        def relay(chunks: list[Any]) -> int:
+            taken = 0
+            with outputs.lock:
+                if outputs.ended:
+                    return len(chunks)  # the call is over: dropped, as its thread would
+                for group in output_groups(chunks, limit):
+                    if msg.call_id in self._cancelled:
+                        break
+                    event = guard(outputs.event(msg, group), self.call_limits, secrets)
+                    if event.kind != "output" or not sink(event):
+                        break
+                    outputs.sent += len(group)
+                    taken += len(group)
+            return taken
+
+        return relay
 
     def _forward(
         self,
@@ -308,25 +368,22 @@ class ReplicaManager:
         updates: Iterator[CallUpdate],
         timings: dict[str, float],
         started_s: float,
+        outputs: _Outputs,
     ) -> None:
         """Report a running call's updates, until its final one or a cancel."""
-        outputs = 0
         for update in updates:
             if self._take_cancel(msg.call_id):
-                self._final(msg, CallUpdate("cancelled"), timings, started_s)
+                self._final(msg, CallUpdate("cancelled"), timings, started_s, outputs)
                 return
             if not update.final:
                 limit = self.call_limits.max_stream_chunk_bytes
                 for group in output_groups(update.chunks(), limit):
-                    several = {"outputs": group} if len(group) > 1 else {"output": group[0]}
-                    output = CallEvent(
-                        attempt=msg.attempt, kind="output", seq=outputs + 1, **several
-                    )
-                    outputs += len(group)
+                    output = outputs.event(msg, group)
+                    outputs.sent += len(group)
                     if not self._event(msg, output):
                         return
                 continue
-            self._final(msg, update, timings, started_s)
+            self._final(msg, update, timings, started_s, outputs)
 
     def _take_cancel(self, call_id: str) -> bool:
         with self._lock:
@@ -336,8 +393,14 @@ class ReplicaManager:
             return False
 
     def _final(
-        self, msg: RunCall, update: CallUpdate, timings: dict[str, float], started_s: float
+        self,
+        msg: RunCall,
+        update: CallUpdate,
+        timings: dict[str, float],
+        started_s: float,
+        outputs: _Outputs,
     ) -> None:
+        outputs.end()  # no output may follow the final event (nor reach the next call)
         merged = {**timings, **update.timings_ms, "total": (self.clock() - msg.accepted_at) * 1000}
         merged.setdefault("execution", (self.clock() - started_s) * 1000)
         if "first_output" in update.timings_ms:  # the child measures from execution start

@@ -96,6 +96,62 @@ def test_streaming_yields_each_chunk_then_succeeds(runtime: ProcessRuntime) -> N
     assert (collected.kind, collected.output) == ("succeeded", [{"i": 0}, {"i": 1}, {"i": 2}])
 
 
+class Relayed:
+    """A relay that takes ``limit`` chunks at most, then leaves the rest to the call."""
+
+    def __init__(self, limit: int = 1 << 30, fail: bool = False) -> None:
+        self.limit = limit
+        self.fail = fail
+        self.chunks: list[Any] = []
+        self.handed: list[int] = []  # chunks per hand-over
+        self.threads: set[str] = set()
+
+    def __call__(self, chunks: list[Any]) -> int:
+        if self.fail:
+            raise RuntimeError("a bug in the relay")
+        self.threads.add(threading.current_thread().name)
+        self.handed.append(len(chunks))
+        taken = chunks[: max(0, self.limit - len(self.chunks))]
+        self.chunks += taken
+        return len(taken)
+
+
+def test_a_relay_takes_the_streamed_chunks_and_the_call_yields_only_its_end(
+    runtime: ProcessRuntime,
+) -> None:
+    replica = runtime.start(spec("basic:Stream"), Exits())
+    relay = Relayed()
+    try:
+        updates = run(replica, "c1", {"n": 300}, stream=True, relay=relay)
+        after = run(replica, "c2", {"n": 2}, stream=True)  # no relay: yielded as before
+    finally:
+        replica.stop()
+    assert [u.kind for u in updates] == ["succeeded"]
+    assert relay.chunks == [{"i": i} for i in range(300)]
+    assert threading.current_thread().name not in relay.threads  # the replica's reader
+    assert max(relay.handed) > 1  # frames read together are handed over together
+    assert streamed(after) == (["output", "succeeded"], [{"i": 0}, {"i": 1}])
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["some", "bug"])
+def test_what_a_relay_does_not_take_the_call_yields_in_order(
+    runtime: ProcessRuntime, fail: bool
+) -> None:
+    """Fewer chunks taken than handed (or a relay that raises): the rest, and every
+    chunk after them, come from the call itself; none is lost or doubled."""
+    relay = Relayed(limit=7, fail=fail)
+    replica = runtime.start(spec("basic:Stream"), Exits())
+    try:
+        updates = run(replica, "c1", {"n": 300}, stream=True, relay=relay)
+    finally:
+        replica.stop()
+    kinds, yielded = streamed(updates)
+    assert kinds == ["output", "succeeded"]
+    assert relay.chunks + yielded == [{"i": i} for i in range(300)]
+    assert len(relay.chunks) == (0 if relay.fail else 7)
+    assert sum(relay.handed) <= 7 + max(relay.handed, default=0)  # not asked again after
+
+
 def test_a_streamed_chunk_is_json_or_fails_the_call(runtime: ProcessRuntime) -> None:
     """NaN and infinities go out as null; a chunk that is not JSON fails the call,
     after the chunks before it went out."""

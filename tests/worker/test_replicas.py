@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.protocol import RunCall, StartReplica, StopReplica
+from control_plane.protocol import CallEvent, RunCall, StartReplica, StopReplica
 from tests.worker.recorder import Recorder
 from tests.worker.streamed import seqs, streamed
 from worker.child_protocol import ReplicaSpec
@@ -243,3 +243,79 @@ def test_stop_reports_stopped_and_later_calls_fail(setup: tuple[ReplicaManager, 
     ]
     manager.run_call(call("c1", {}))
     assert kinds(recorder, "c1") == ["failed"]
+
+
+class Sink:
+    """A direct call's connection: records the events written to it (and on which
+    thread); ``broken_after``: outputs it takes before its connection breaks."""
+
+    def __init__(self, broken_after: int | None = None) -> None:
+        self.events: list[dict[str, object]] = []
+        self.threads: list[str] = []
+        self.broken_after = broken_after
+        self.got_output = threading.Event()
+
+    def __call__(self, event: CallEvent) -> bool:
+        outputs = sum(1 for e in self.events if e["kind"] == "output")
+        if self.broken_after is not None and outputs >= self.broken_after:
+            return False
+        self.events.append(event.model_dump(mode="json"))
+        self.threads.append(threading.current_thread().name)
+        if event.kind == "output":
+            self.got_output.set()
+        return True
+
+
+def test_a_direct_streams_outputs_go_out_from_the_replicas_reader_in_order(
+    setup: tuple[ReplicaManager, Recorder],
+) -> None:
+    """Its thread wakes for the call's end only; nothing goes over HTTP."""
+    manager, recorder = setup
+    start(manager, "basic:Stream")
+    sink = Sink()
+    manager.run_direct(call("c1", {"n": 200}, stream=True), sink)
+    assert streamed(sink.events) == (
+        ["started", "output", "succeeded"],
+        [{"i": i} for i in range(200)],
+    )
+    assert seqs(sink.events) == list(range(1, 201))
+    me = threading.current_thread().name
+    assert sink.threads[0] == sink.threads[-1] == me  # started and the end
+    assert me not in sink.threads[1:-1]  # every output from the reader
+    assert recorder.events("/v1/calls/c1/") == []
+
+
+def test_a_direct_stream_whose_connection_breaks_goes_on_over_http_in_order(
+    setup: tuple[ReplicaManager, Recorder],
+) -> None:
+    manager, recorder = setup
+    start(manager, "basic:Stream")
+    sink = Sink(broken_after=3)
+    manager.run_direct(call("c1", {"n": 200}, stream=True), sink)
+    posted = recorder.events("/v1/calls/c1/")
+    kinds_, chunks = streamed(sink.events + posted)
+    assert kinds_ == ["started", "output", "succeeded"]
+    assert chunks == [{"i": i} for i in range(200)]  # none lost, none twice
+    assert seqs(sink.events + posted) == list(range(1, 201))
+    assert posted[-1]["kind"] == "succeeded"
+
+
+def test_a_cancel_ends_a_relayed_stream_once_and_nothing_follows_its_end(
+    setup: tuple[ReplicaManager, Recorder],
+) -> None:
+    manager, recorder = setup
+    start(manager, "basic:Stream")
+    sink = Sink()
+    msg = call("c1", {"n": 10_000_000}, stream=True)
+    t = threading.Thread(target=manager.run_direct, args=(msg, sink))
+    t.start()
+    assert sink.got_output.wait(30)
+    manager.cancel(["c1"])
+    t.join(timeout=30)
+    assert not t.is_alive()
+    time.sleep(0.2)  # outputs still on their way from the replica are dropped
+    kinds_ = [e["kind"] for e in sink.events]
+    assert kinds_[-1] == "cancelled" and kinds_.count("cancelled") == 1
+    assert recorder.events("/v1/calls/c1/") == []
+    manager.run_direct(call("c2", {"n": 2}, stream=True), sink2 := Sink())  # serves on
+    assert streamed(sink2.events)[1] == [{"i": 0}, {"i": 1}]

@@ -11,7 +11,10 @@ Guarantees every implementation keeps:
   failed start leaves nothing running.
 - ``ReplicaHandle.call`` yields zero or more ``output`` updates, then
   exactly one final update (``succeeded``, ``failed`` or ``timeout``), and
-  never raises for anything the function or its process did.
+  never raises for anything the function or its process did. A request with a
+  ``relay`` may have its streamed chunks handed to it as they arrive, on the
+  runtime's own thread, instead of yielded (``Relay``): the call's thread then
+  wakes only for its end. A runtime without a way to do so ignores the relay.
 - A call past its deadline ends as ``timeout`` and is cancelled in the
   replica; the replica and its other calls go on. A replica is killed only
   when it stops answering; its calls then end ``failed`` with ``fault``
@@ -34,6 +37,10 @@ from worker.child_protocol import LoadStats, ReplicaSpec
 UpdateKind = Literal["output", "succeeded", "failed", "timeout", "cancelled"]
 
 OnExit = Callable[[str, str], None]
+# Takes a call's streamed chunks as they arrive (in order, several at once where
+# they came together) and answers how many of them, from the first, it reported;
+# fewer than all: the call yields the rest, and every later chunk, itself.
+Relay = Callable[[list[Any]], int]
 # Whose failure a failed call or start is (``protocol.CallEvent.fault``).
 Fault = Literal["function", "replica"]
 
@@ -61,6 +68,7 @@ class CallRequest:
     attempt: int = 1
     timeout_s: float = 300.0
     stream: bool = False
+    relay: Relay | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,10 @@
 ``ProcessRuntime.start`` takes a generic process from the pool, sends it
 ``specialize`` and waits for ``ready``. ``ProcessReplica`` owns the socket:
 one reader thread routes each frame from the child to the queue of the call
-it belongs to; callers wait on their own queue with their own deadline.
+it belongs to; callers wait on their own queue with their own deadline. A
+call with a relay (``CallRequest.relay``) has its outputs handed to the relay
+by the reader instead, the frames that came in one read grouped per call: a
+step of an LLM's streams is reported without waking a thread per call.
 
 A replica is in one of three states::
 
@@ -31,6 +34,7 @@ a retry).
 from __future__ import annotations
 
 import itertools
+import logging
 import queue
 import subprocess
 import threading
@@ -64,11 +68,13 @@ from worker.runtimes.base import (
     CallUpdate,
     Fault,
     OnExit,
+    Relay,
     ReplicaHandle,
     ReplicaStartError,
     Runtime,
 )
 
+log = logging.getLogger(__name__)
 _DEAD = object()  # queue sentinel: the replica is gone
 GENERIC_PHASES = ("process_start", "imports", "device_init")
 # How long a replica has to answer a ping (sent with every cancel) before it is
@@ -133,6 +139,7 @@ class ProcessReplica(ReplicaHandle):
         self._lock = threading.Lock()
         # A call's inbox: a SimpleQueue, made per call at a fraction of a Queue's cost.
         self._calls: dict[str, queue.SimpleQueue[object]] = {}
+        self._relays: dict[str, Relay] = {}  # call id -> where its outputs go first
         # Calls whose deadline passed, until the child says they ended: they keep
         # their slot meanwhile (their thread there may still run).
         self._cancelling: set[str] = set()
@@ -187,6 +194,8 @@ class ProcessReplica(ReplicaHandle):
                 yield self._never_sent(request, "dead")
                 return
             self._calls[request.call_id] = inbox
+            if request.relay is not None:
+                self._relays[request.call_id] = request.relay
         last: CallUpdate | None = None
         try:
             for last in self._exchange(request, inbox, deadline):
@@ -196,6 +205,7 @@ class ProcessReplica(ReplicaHandle):
             running = last is None or last.kind in ("output", "timeout")
             with self._lock:
                 self._calls.pop(request.call_id, None)
+                self._relays.pop(request.call_id, None)
                 if running:  # its slot is freed when the child says it ended
                     self._cancelling.add(request.call_id)
             if running:
@@ -322,12 +332,23 @@ class ProcessReplica(ReplicaHandle):
 
     # --- reader --------------------------------------------------------------
     def _read_loop(self) -> None:
+        conn = self.process.conn
+        relayed: dict[str, list[Output]] = {}  # outputs read together, per relayed call
         while True:
             try:
-                msg = FROM_CHILD.validate_python(self.process.conn.recv())
+                msg = FROM_CHILD.validate_python(conn.recv())
             except (FrameError, OSError, ValueError):
+                for call_id, outputs in relayed.items():  # what came before the end
+                    self._relay(call_id, outputs)
                 break
-            if isinstance(msg, Output | Result | CallError):
+            if isinstance(msg, Output) and msg.call_id in self._relays:
+                waiting = relayed.setdefault(msg.call_id, [])
+                waiting.append(msg)
+                if len(waiting) >= MAX_OUTPUTS_PER_EVENT:
+                    self._relay(msg.call_id, relayed.pop(msg.call_id))
+            elif isinstance(msg, Output | Result | CallError):
+                if msg.call_id in relayed:  # its outputs before its end
+                    self._relay(msg.call_id, relayed.pop(msg.call_id))
                 self._route(msg)
             elif isinstance(msg, Pong):
                 with self._lock:
@@ -338,7 +359,29 @@ class ProcessReplica(ReplicaHandle):
                 self._engine_stats = msg.stats  # one reference, replaced whole
             else:
                 self._control.put(msg)
+            if relayed and not conn.buffered():  # all that came in this read is sorted
+                for call_id, outputs in relayed.items():
+                    self._relay(call_id, outputs)
+                relayed.clear()
         self._on_dead()
+
+    def _relay(self, call_id: str, outputs: list[Output]) -> None:
+        """Hand ``outputs`` to their call's relay; what it did not take, and every later
+        output of the call, goes to the call's inbox."""
+        with self._lock:
+            relay = self._relays.get(call_id)
+        taken = 0
+        if relay is not None:
+            try:
+                taken = relay([output.chunk for output in outputs])
+            except Exception:  # a bug there must not stop this replica's reader
+                log.exception("the relay of call %s failed; its thread takes its outputs", call_id)
+        if taken >= len(outputs):
+            return
+        with self._lock:
+            self._relays.pop(call_id, None)
+        for output in outputs[taken:]:
+            self._route(output)
 
     def _route(self, msg: Output | Result | CallError) -> None:
         """To the call's inbox; the end of a cancelled call frees its slot instead."""
