@@ -92,11 +92,26 @@ class FrameSocket:
         return _decode(body)
 
     def buffered(self) -> bool:
-        """Whether a whole frame is read already: ``recv`` returns it without waiting."""
+        """Whether ``recv`` returns without waiting: a whole frame is read already (or a
+        length over the limit, which it refuses)."""
         if len(self._buf) < LENGTH.size:
             return False
         (size,) = LENGTH.unpack_from(self._buf)
-        return len(self._buf) >= LENGTH.size + size
+        return size > MAX_FRAME_BYTES or len(self._buf) >= LENGTH.size + size
+
+    def recv_ready(self) -> list[dict[str, Any]]:
+        """One read of a socket that has something to read (a selector said so), then
+        every whole frame read so far; ``[]`` while a frame is still incomplete."""
+        part = self.sock.recv(READ_SIZE)
+        if not part:
+            if not self._buf:
+                raise PeerClosedError("peer closed the connection")
+            raise FrameError(f"connection closed after {len(self._buf)} bytes of a frame")
+        self._buf += part
+        frames = []
+        while self.buffered():
+            frames.append(self.recv())
+        return frames
 
     def _fill(self, size: int, *, at_boundary: bool) -> None:
         """Read until the buffer holds ``size`` bytes."""

@@ -2,7 +2,9 @@
 
 The conversation is drawn in ``worker/dataplane.py``. Connections are kept
 per worker address and reused, one call at a time each; a connection comes
-back to the pool only after its call's final event.
+back to the pool only after its call's final event. A call's events are read
+by its caller's thread (``run``), or, for a streamed call, by one thread for
+every stream (``stream``, ``dispatch.direct_streams``).
 
 Failures, by what the caller may conclude:
 
@@ -22,10 +24,11 @@ import contextlib
 import select
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from control_plane.dispatch.base import encode
+from control_plane.dispatch.direct_streams import DirectStream, OnEvent, StreamReader
 from control_plane.protocol import FINAL_CALL_EVENTS, CallEvent, RunCall
 from worker.frames import FrameError, FrameSocket
 
@@ -46,6 +49,7 @@ class DirectChannel:
         self.connect_timeout_s = connect_timeout_s
         self._lock = threading.Lock()
         self._idle: dict[tuple[str, str], list[FrameSocket]] = {}
+        self._streams: StreamReader | None = None
 
     def run(self, addr: str, token: str, msg: RunCall, timeout_s: float) -> Iterator[CallEvent]:
         """The call's events, through its final one. Raises the errors above.
@@ -70,19 +74,50 @@ class DirectChannel:
             raise DirectLostError(f"lost call {msg.call_id} on {addr}: {exc}") from None
         finally:
             if ended:
-                self._put(addr, token, conn)
+                self.put_idle(addr, token, conn)
             else:  # broken, timed out, or abandoned by the caller mid-call
                 conn.close()
+
+    def stream(
+        self,
+        addr: str,
+        token: str,
+        msg: RunCall,
+        on_event: OnEvent,
+        on_lost: Callable[[DirectLostError], None],
+    ) -> DirectStream:
+        """Send ``msg`` and hand its events to ``on_event`` as they come, on the thread
+        that reads every stream (``dispatch.direct_streams``); ``on_lost`` instead
+        where its final event cannot come. Raises the errors above if it was not sent."""
+        conn = self._send(addr, token, msg)
+        conn.sock.settimeout(None)  # read when there is something to read
+
+        def lost(exc: Exception) -> None:
+            on_lost(DirectLostError(f"lost call {msg.call_id} on {addr}: {exc}"))
+
+        stream = DirectStream(self, addr, token, msg.call_id, conn, on_event, lost)
+        self.streams().add(stream)
+        return stream
+
+    def streams(self) -> StreamReader:
+        """The thread reading streamed calls' connections, started on first use."""
+        with self._lock:
+            if self._streams is None:
+                self._streams = StreamReader()
+            return self._streams
 
     def cancel(self, addr: str, token: str, call_id: str) -> None:
         """Tell the worker to stop ``call_id`` now (best effort: its heartbeat reply
         says so too). Raises ``DirectUnavailableError`` or ``DirectLostError``."""
         conn = self._send_frame(addr, token, {"cancel": call_id}, f"cancelling call {call_id}")
-        self._put(addr, token, conn)
+        self.put_idle(addr, token, conn)
 
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, {}
+            streams, self._streams = self._streams, None
+        if streams is not None:
+            streams.close()
         for conns in idle.values():
             for conn in conns:
                 conn.close()
@@ -128,7 +163,8 @@ class DirectChannel:
                 return conn
             conn.close()
 
-    def _put(self, addr: str, token: str, conn: FrameSocket) -> None:
+    def put_idle(self, addr: str, token: str, conn: FrameSocket) -> None:
+        """A connection whose call ended, for the next call to ``addr``."""
         with self._lock:
             conns = self._idle.setdefault((addr, token), [])
             if len(conns) < MAX_IDLE_PER_WORKER:

@@ -6,7 +6,10 @@ Two kinds of call take this path (``control_plane.dispatch.direct``):
   (``services.direct_calls``), run by the request's own thread;
 - a warm streamed call (an LLM's), claimed as it is accepted and run by a thread
   of its own (``start_or_queue``) while its caller reads the outputs, handed to
-  it in memory (``services.live_outputs``) and recorded with the call's end;
+  it in memory (``services.live_outputs``) and recorded with the call's end. Its
+  events are read by the one thread that reads every stream (``DirectChannel.stream``),
+  which hands the outputs over; the call's thread wakes for its start, its first
+  output and its end;
 - a call that waited for a replica and was just routed to it by the
   reconciler, run by a thread of its own (``start``), so the first call after
   a cold start does not wait for a broker hop and HTTP event posts.
@@ -22,8 +25,11 @@ the database).
 from __future__ import annotations
 
 import logging
+import queue
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from control_plane.db.models import Call
@@ -42,6 +48,10 @@ log = logging.getLogger(__name__)
 
 # Background runs (routed calls) at once; beyond this a routed call takes the queue.
 MAX_BACKGROUND_RUNS = 64
+# How long past its deadline a live stream's end is waited for on its connection
+# (the worker ends the call at its own deadline, a little later than the control
+# plane's); after it, the worker's report over HTTP.
+DEADLINE_GRACE_S = 5.0
 
 
 class DirectRunner:
@@ -100,43 +110,24 @@ class DirectRunner:
         assert self.s.direct is not None and claim.data_addr and claim.data_token
         timeout_s = claim.deadline_at - self.s.clock()
         counter = self.s.metrics.direct_calls
-        ended, final = False, None
         # Dispatched and running count alike as in flight: a caller that waits for the
         # end has the worker leave out the started event.
         message = claim.message
         if not record_started:
             message = message.model_copy(update={"report_started": False})
         live = self.s.live.get(claim.call_id)
-        kept: list[CallEvent] = []  # outputs handed to the reader, to record with the end
-        # A live stream's start, recorded with its first output (or its end): no write,
-        # and no wait behind other calls' writes, before its first token reaches the reader.
-        pending: list[CallEvent] = []
-        first_recorded = False
+        run = _Run()
         try:
-            events = self.s.direct.run(claim.data_addr, claim.data_token, message, timeout_s)
-            for ev in events:
-                if ev.kind in FINAL_CALL_EVENTS:  # counted before its caller is woken
-                    ended = True
-                    counter.labels(claim.function, "ran").inc()
-                if live is not None and _handed(live, ev):
-                    arrived = self.s.clock()
-                    _put_outputs(live, ev)  # to the reader first, then to the record
-                    if first_recorded:
-                        kept.append(ev)
-                    else:  # the first output is recorded once its reader passed it on
-                        live.wait_shown()  # (``live_outputs``), with the time it came
-                        self._record(claim, [*pending, ev], at=arrived)
-                        pending.clear()
-                        first_recorded = True
-                elif ev.kind == "started" and live is not None and live.wanted:
-                    if record_started:
-                        pending.append(ev)
-                elif ev.kind != "started" or record_started:
-                    final = self._record(claim, [*pending, *joined(kept), ev]) or final
-                    pending.clear()
-                    kept.clear()
-                    if live is not None and ev.kind in FINAL_CALL_EVENTS:
-                        live.put(LiveItem("final", data=final))  # the call as it ended
+            if live is not None:
+                self._follow_live(claim, message, timeout_s, live, run, record_started)
+            else:
+                addr, token = claim.data_addr, claim.data_token
+                for ev in self.s.direct.run(addr, token, message, timeout_s):
+                    if ev.kind in FINAL_CALL_EVENTS:  # counted before its caller is woken
+                        run.ended = True
+                        counter.labels(claim.function, "ran").inc()
+                    if ev.kind != "started" or record_started:
+                        run.final = self._record(claim, [ev]) or run.final
         except UnsendableError as exc:
             return self.end_unsendable(claim.function, claim.message, exc, claim.row)
         except DirectUnavailableError as exc:
@@ -148,14 +139,81 @@ class DirectRunner:
                 self._requeue(claim)
         except DirectLostError as exc:
             log.info("%s; waiting for the worker's report", exc)
-            if not ended:
+            if not run.ended:
                 counter.labels(claim.function, "lost").inc()
         finally:
-            if kept or pending:  # the run stopped without its end: what it had is kept
-                self._record(claim, [*pending, *joined(kept)])
+            if run.kept or run.pending:  # the run stopped without its end: what it had is kept
+                self._record(claim, [*run.pending, *joined(run.kept)])
             if live is not None:
                 self.s.live.end(claim.call_id)
-        return final
+        return run.final
+
+    def _follow_live(
+        self,
+        claim: Claim,
+        message: RunCall,
+        timeout_s: float,
+        live: LiveCall,
+        run: _Run,
+        record_started: bool,
+    ) -> None:
+        """Run a call whose outputs a reader takes in memory. The channel's stream
+        reader hands them over as they are read, on its own thread; this thread wakes
+        for the rest: the start, the first output (recorded once the reader passed it
+        on, with the time it came) and the end."""
+        assert self.s.direct is not None and claim.data_addr and claim.data_token
+        inbox: queue.SimpleQueue[tuple[CallEvent | DirectLostError, float, bool]]
+        inbox = queue.SimpleQueue()
+        lock = threading.Lock()  # run.kept and run.handed, between the reader and this thread
+
+        def on_event(ev: CallEvent) -> None:  # on the stream reader's thread: never blocks
+            arrived = self.s.clock()
+            handed = _handed(live, ev)
+            if handed:
+                _put_outputs(live, ev)  # to the reader first, then to the record
+                with lock:
+                    if run.handed:
+                        run.kept.append(ev)
+                        return
+                    run.handed = True
+            inbox.put((ev, arrived, handed))
+
+        def on_lost(exc: DirectLostError) -> None:
+            inbox.put((exc, 0.0, False))
+
+        stream = self.s.direct.stream(claim.data_addr, claim.data_token, message, on_event, on_lost)
+        until = time.monotonic() + max(0.0, timeout_s) + DEADLINE_GRACE_S
+        abandoned = False
+        while True:
+            try:
+                wait_s = None if abandoned else max(0.0, until - time.monotonic())
+                item, arrived, handed = inbox.get(timeout=wait_s)
+            except queue.Empty:
+                stream.abandon()  # its end (final or lost) still comes through the inbox
+                abandoned = True
+                continue
+            if isinstance(item, DirectLostError):
+                raise item
+            ev = item
+            if ev.kind in FINAL_CALL_EVENTS:  # counted before its caller is woken
+                run.ended = True
+                self.s.metrics.direct_calls.labels(claim.function, "ran").inc()
+            if handed:  # the first output: recorded once its reader passed it on
+                live.wait_shown()  # (``live_outputs``), with the time it came
+                self._record(claim, [*run.pending, ev], at=arrived)
+                run.pending.clear()
+            elif ev.kind == "started" and live.wanted:
+                if record_started:
+                    run.pending.append(ev)
+            elif ev.kind != "started" or record_started:
+                with lock:
+                    kept, run.kept = run.kept, []
+                run.final = self._record(claim, [*run.pending, *joined(kept), ev]) or run.final
+                run.pending.clear()
+                if ev.kind in FINAL_CALL_EVENTS:
+                    live.put(LiveItem("final", data=run.final))  # the call as it ended
+                    stream.ack()
+                    return
 
     def end_unsendable(
         self, function: str, msg: RunCall, exc: UnsendableError, row: Call | None = None
@@ -220,6 +278,17 @@ class DirectRunner:
         with self.s.db.session() as session:
             dispatching.requeue(session, claim.call_id)
         self._kick(claim.function)
+
+
+@dataclass
+class _Run:
+    """What a direct run has seen so far."""
+
+    ended: bool = False  # its final event came
+    final: CallView | None = None  # the call as its final event left it
+    pending: list[CallEvent] = field(default_factory=list)  # a start, recorded with what follows
+    handed: bool = False  # an output went to the reader in memory
+    kept: list[CallEvent] = field(default_factory=list)  # outputs after that, to record
 
 
 def _handed(live: LiveCall, ev: CallEvent) -> bool:

@@ -32,21 +32,54 @@ from tests.control_plane.conftest import make_settings
 CALL = "c1"
 
 
-class ScriptedPort:
-    """A direct channel whose run gives ``script``'s events (an exception is raised)."""
+class Pushed:
+    """A stream the port pushes on a thread of its own, as the channel's reader does."""
 
-    def __init__(self, script: list[CallEvent | Exception], before_end: Callable[[], None]):
+    def __init__(self) -> None:
+        self.acked = threading.Event()
+
+    def ack(self) -> None:
+        self.acked.set()
+
+    def abandon(self) -> None:
+        raise AssertionError("no run here outlives its deadline")
+
+
+class ScriptedPort:
+    """A direct channel whose streams push ``script``'s events, ``pause_s`` apart, as
+    tokens come (an exception: the stream is lost)."""
+
+    def __init__(
+        self,
+        script: list[CallEvent | Exception],
+        before_end: Callable[[], None],
+        pause_s: float = 0.1,
+    ) -> None:
         self.script = script
         self.before_end = before_end
+        self.pause_s = pause_s
 
-    def run(self, addr: str, token: str, msg: RunCall, timeout_s: float) -> Iterator[CallEvent]:
-        for step in self.script:
-            if isinstance(step, Exception):
-                self.before_end()
-                raise step
-            if step.kind == "succeeded":
-                self.before_end()
-            yield step
+    def stream(
+        self,
+        addr: str,
+        token: str,
+        msg: RunCall,
+        on_event: Callable[[CallEvent], None],
+        on_lost: Callable[[DirectLostError], None],
+    ) -> Pushed:
+        def push() -> None:
+            for step in self.script:
+                time.sleep(self.pause_s)
+                if isinstance(step, Exception):
+                    self.before_end()
+                    on_lost(DirectLostError(str(step)))
+                    return
+                if step.kind == "succeeded":
+                    self.before_end()
+                on_event(step)
+
+        threading.Thread(target=push, daemon=True).start()
+        return Pushed()
 
 
 @pytest.fixture
@@ -145,6 +178,9 @@ def test_outputs_come_in_memory_and_are_recorded_with_the_end(
     ]
     assert before_end == [(1, "a")]  # the first output before the rest, for its time
     assert _stored(services) == [(1, "a"), (2, "b"), (3, "c"), (4, "d")]
+    until = time.monotonic() + 5  # the run's thread closes the hand-off after the end
+    while len(services.live) and time.monotonic() < until:
+        time.sleep(0.01)
     assert len(services.live) == 0
     with services.db.session() as session:
         view = calls.get(session, CALL)
@@ -224,16 +260,23 @@ def test_a_live_streams_start_is_recorded_with_its_first_output(services: Servic
     """No write before the first token reaches its reader: until then the record says
     the call was dispatched; with the first output it is running."""
     statuses: list[str] = []
+    script = [CallEvent(kind="started"), out(1, "a"), CallEvent(kind="succeeded", output="a")]
+    # The record as each event after the start comes: the start read, the first output not yet.
+    port = ScriptedPort(script, lambda: None, pause_s=0.3)
+    stream = port.stream
 
-    class Port:
-        def run(self, addr: str, token: str, msg: RunCall, timeout_s: float) -> Iterator[CallEvent]:
-            yield CallEvent(kind="started")
-            statuses.append(_status(services))  # the start read, the first output not yet
-            yield out(1, "a")
-            statuses.append(_status(services))
-            yield CallEvent(kind="succeeded", output="a")
+    def stream_noting_statuses(*args: Any) -> Pushed:
+        on_event = args[3]
 
-    _start(services, Port())
+        def noting(ev: CallEvent) -> None:
+            if ev.kind != "started":
+                statuses.append(_status(services))
+            on_event(ev)
+
+        return stream(*args[:3], noting, args[4])
+
+    port.stream = stream_noting_statuses  # type: ignore[method-assign]
+    _start(services, port)
     items = list(Activator(services).stream(CALL, keepalive_s=5.0))
     assert [i.kind for i in items] == ["output", "done"]
     assert statuses == ["dispatched", "running"]

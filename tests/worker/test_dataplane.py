@@ -122,6 +122,118 @@ def test_a_deadline_ends_the_wait_and_the_worker_falls_back(server: DataServer, 
     assert echo.sink_results[-1] is False
 
 
+class Followed:
+    """What ``DirectChannel.stream`` handed over for one call, and on which threads."""
+
+    def __init__(self) -> None:
+        self.events: list[CallEvent] = []
+        self.threads: set[str] = set()
+        self.lost: list[DirectLostError] = []
+        self.over = threading.Event()
+
+    def on_event(self, event: CallEvent) -> None:
+        self.events.append(event)
+        self.threads.add(threading.current_thread().name)
+        if event.kind == "succeeded":
+            self.over.set()
+
+    def on_lost(self, exc: DirectLostError) -> None:
+        self.lost.append(exc)
+        self.over.set()
+
+
+def test_streams_are_read_on_one_thread_and_their_connections_reused(
+    server: DataServer, echo: Echo
+) -> None:
+    channel = DirectChannel()
+    followed = {f"c{i}": Followed() for i in range(8)}
+    streams = [
+        channel.stream(
+            addr(server), server.token, run_message(c, list(range(50))), f.on_event, f.on_lost
+        )
+        for c, f in followed.items()
+    ]
+    for f in followed.values():
+        assert f.over.wait(10)
+    for stream in streams:
+        stream.ack()  # the worker's sink learns the final was recorded
+    for f in followed.values():
+        assert f.lost == []
+        assert [e.kind for e in f.events] == ["started", *["output"] * 50, "succeeded"]
+        assert [e.output for e in f.events[1:-1]] == list(range(50))
+    threads = set().union(*(f.threads for f in followed.values()))
+    assert threads == {"thaw-direct-streams"}  # one thread read every stream
+    deadline = time.monotonic() + 10
+    while not all(echo.sink_results) or len(echo.sink_results) < 8 * 52:
+        assert time.monotonic() < deadline, "a final event was not acknowledged"
+        time.sleep(0.01)
+    # Acknowledged, the connections serve the next calls.
+    assert len(channel._idle[(addr(server), server.token)]) == 8
+    events = list(channel.run(addr(server), server.token, run_message("next"), 10))
+    assert events[-1].kind == "succeeded"
+    assert len(channel._idle[(addr(server), server.token)]) == 8
+    channel.close()
+
+
+def test_a_stream_past_its_deadline_is_lost_once_and_the_worker_falls_back(
+    server: DataServer, echo: Echo
+) -> None:
+    echo.release.clear()
+    channel = DirectChannel()
+    f = Followed()
+    stream = channel.stream(addr(server), server.token, run_message("slow"), f.on_event, f.on_lost)
+    time.sleep(0.2)
+    stream.abandon()
+    assert f.over.wait(10)
+    stream.abandon()  # twice: still lost once
+    echo.release.set()
+    deadline = time.monotonic() + 10
+    while len(echo.sink_results) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert [e.kind for e in f.events] == ["started"]
+    assert len(f.lost) == 1 and "deadline" in str(f.lost[0])
+    assert echo.sink_results[0] is True and echo.sink_results[-1] is False  # over HTTP
+    channel.close()
+
+
+def test_a_stream_whose_connection_breaks_is_lost_and_the_others_go_on(
+    server: DataServer, echo: Echo
+) -> None:
+    echo.release.clear()
+    channel = DirectChannel()
+    try:
+        lost, kept = Followed(), Followed()
+        broken = channel.stream(
+            addr(server), server.token, run_message("a", [1]), lost.on_event, lost.on_lost
+        )
+        stream = channel.stream(
+            addr(server), server.token, run_message("b", [1]), kept.on_event, kept.on_lost
+        )
+        time.sleep(0.2)
+        broken.conn.sock.shutdown(socket.SHUT_RDWR)  # as a worker that went away
+        assert lost.over.wait(10) and len(lost.lost) == 1
+        echo.release.set()
+        assert kept.over.wait(10) and kept.lost == []
+        stream.ack()
+        assert [e.kind for e in kept.events] == ["started", "output", "succeeded"]
+        assert [e.kind for e in lost.events] == ["started"]
+    finally:
+        echo.release.set()
+        channel.close()
+
+
+def test_streams_followed_when_the_channel_closes_are_lost(server: DataServer, echo: Echo) -> None:
+    echo.release.clear()
+    channel = DirectChannel()
+    f = Followed()
+    channel.stream(addr(server), server.token, run_message("c1"), f.on_event, f.on_lost)
+    time.sleep(0.1)
+    channel.close()
+    assert f.over.wait(10) and len(f.lost) == 1
+    echo.release.set()
+
+
 def test_a_worker_restart_between_calls_redials(echo: Echo) -> None:
     first = DataServer(echo)
     first.start()
