@@ -340,9 +340,7 @@ class ReplicaManager:
         sink = self._sinks.get(msg.call_id)
         if sink is None:
             return None
-        with self._lock:
-            entry = self._replicas.get(msg.replica_id)
-        secrets = entry.secrets if entry is not None else {}
+        secrets = self._secrets(msg.replica_id)
         limit = self.call_limits.max_stream_chunk_bytes
 
         def relay(chunks: list[Any]) -> int:
@@ -429,11 +427,15 @@ class ReplicaManager:
     def _event(self, msg: RunCall, event: CallEvent) -> bool:
         """Report ``event`` redacted and capped (``worker.call_guard``); ``False`` when the
         call is over: final there already, or ended here by an output over the cap."""
-        with self._lock:
-            entry = self._replicas.get(msg.replica_id)
-        guarded = guard(event, self.call_limits, entry.secrets if entry is not None else {})
+        guarded = guard(event, self.call_limits, self._secrets(msg.replica_id))
         sent = self._send_event(msg, guarded)
         return sent and guarded.kind == event.kind
+
+    def _secrets(self, replica_id: str) -> dict[str, str]:
+        """The secrets given to the replica, hidden in whatever its calls report."""
+        with self._lock:
+            entry = self._replicas.get(replica_id)
+        return entry.secrets if entry is not None else {}
 
     def _send_event(self, msg: RunCall, event: CallEvent) -> bool:
         sink = self._sinks.get(msg.call_id)

@@ -338,8 +338,7 @@ class ProcessReplica(ReplicaHandle):
             try:
                 msg = FROM_CHILD.validate_python(conn.recv())
             except (FrameError, OSError, ValueError):
-                for call_id, outputs in relayed.items():  # what came before the end
-                    self._relay(call_id, outputs)
+                self._relay_all(relayed)  # what came before the end
                 break
             if isinstance(msg, Output) and msg.call_id in self._relays:
                 waiting = relayed.setdefault(msg.call_id, [])
@@ -360,10 +359,13 @@ class ProcessReplica(ReplicaHandle):
             else:
                 self._control.put(msg)
             if relayed and not conn.buffered():  # all that came in this read is sorted
-                for call_id, outputs in relayed.items():
-                    self._relay(call_id, outputs)
-                relayed.clear()
+                self._relay_all(relayed)
         self._on_dead()
+
+    def _relay_all(self, relayed: dict[str, list[Output]]) -> None:
+        for call_id, outputs in relayed.items():
+            self._relay(call_id, outputs)
+        relayed.clear()
 
     def _relay(self, call_id: str, outputs: list[Output]) -> None:
         """Hand ``outputs`` to their call's relay; what it did not take, and every later
