@@ -67,7 +67,7 @@ class DirectRunner:
         # Fast-path routing decisions and the recording of their ends take turns
         # in this process, so two callers do not both count the same free slot.
         self.lock = threading.Lock()
-        self._background = threading.BoundedSemaphore(MAX_BACKGROUND_RUNS)
+        self._background = KeptThreads("thaw-direct", MAX_BACKGROUND_RUNS)
 
     @property
     def enabled(self) -> bool:
@@ -76,17 +76,9 @@ class DirectRunner:
     def start(self, claim: Claim) -> bool:
         """Run ``claim`` on a thread of its own; False (nothing done) when there is no
         direct port to run it on or too many run already: send it through the queue."""
-        if not self._has_port(claim) or not self._background.acquire(blocking=False):
+        if not self._has_port(claim):
             return False
-
-        def run() -> None:
-            try:
-                self.run(claim, record_started=True)
-            finally:
-                self._background.release()
-
-        threading.Thread(target=run, name=f"thaw-direct-{claim.call_id}", daemon=True).start()
-        return True
+        return self._background.submit(lambda: self.run(claim, record_started=True))
 
     def start_or_queue(self, claim: Claim) -> None:
         """Run ``claim`` on a thread of its own, else send it through the worker's queue
@@ -278,6 +270,54 @@ class DirectRunner:
         with self.s.db.session() as session:
             dispatching.requeue(session, claim.call_id)
         self._kick(claim.function)
+
+
+class KeptThreads:
+    """Daemon threads that run jobs, at most ``limit`` at once, each kept for the next
+    job once idle: a job starts without a thread's start, which waits for the new
+    thread to get the GIL (milliseconds when a burst of calls keeps it busy). Daemon,
+    unlike a ``ThreadPoolExecutor``'s, so a stream still running does not hold up the
+    process's exit."""
+
+    def __init__(self, name: str, limit: int) -> None:
+        self.name = name
+        self.limit = limit
+        self._jobs: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
+        self._mu = threading.Lock()
+        self._busy = 0  # jobs taken and not yet done
+        self._idle = 0  # threads waiting for a job, none promised one
+
+    @property
+    def busy(self) -> int:
+        """Jobs taken and not yet done."""
+        return self._busy
+
+    def submit(self, job: Callable[[], object]) -> bool:
+        """Run ``job`` on a kept thread (a new one when none is idle); False, with
+        nothing done, when ``limit`` jobs run already."""
+        with self._mu:
+            if self._busy >= self.limit:
+                return False
+            self._busy += 1
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1  # that thread is promised this job
+        self._jobs.put(job)
+        if spawn:
+            threading.Thread(target=self._serve, name=self.name, daemon=True).start()
+        return True
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                job()
+            except Exception:
+                log.exception("a job on %s failed", self.name)
+            finally:
+                with self._mu:
+                    self._busy -= 1
+                    self._idle += 1
 
 
 @dataclass
