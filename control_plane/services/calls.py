@@ -143,9 +143,7 @@ def accepting(
     savepoint: on SQLite the driver would commit it on release, and the
     reconciler could dispatch the call before the caller's transaction ends.
     """
-    who.require("invoke", fn.name)
-    if req.adapter is not None and req.adapter not in {a.name for a in fn.adapters}:
-        _check_unlisted_adapter(registry, fn, req.adapter)
+    check_request(who, fn, req, registry)
     input_json = _canonical(req.input)
     if req.idempotency_key is not None:
         yield _accept_once(session, now, who, fn, req, input_json)
@@ -156,6 +154,15 @@ def accepting(
     session.connection().execute(insert(CALLS), written)
     note_written(row, written)  # every column present: as if it had been read,
     make_transient_to_detached(row)  # so a later session may take it in unread
+
+
+def check_request(
+    who: Principal, fn: ActiveVersion, req: CallRequest, registry: Registry | None = None
+) -> None:
+    """What ``accepting`` refuses before it writes anything (see there)."""
+    who.require("invoke", fn.name)
+    if req.adapter is not None and req.adapter not in {a.name for a in fn.adapters}:
+        _check_unlisted_adapter(registry, fn, req.adapter)
 
 
 def _accept_once(

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from control_plane import fingerprints
 from control_plane.protocol import (
@@ -37,6 +41,7 @@ from control_plane.services import (
 from control_plane.services.activator import Activator
 from control_plane.services.call_spans import call_spans, invoke_span
 from control_plane.services.calls import CallRequest, CallView
+from control_plane.services.combining import Combiner
 from control_plane.services.context import Services
 from control_plane.services.direct_calls import Claim
 from control_plane.services.functions import ActiveVersion
@@ -44,6 +49,11 @@ from control_plane.services.keys import Principal
 from control_plane.services.reconciler import Reconciler
 
 log = logging.getLogger(__name__)
+
+# Fast-path accepts taken in one transaction at most: a burst's streams share a
+# transaction's begin and commit and the direct runner's lock, while its hold stays
+# short enough for the ends recorded under it.
+MAX_ACCEPTS_AT_ONCE = 16
 
 
 class Invocations:
@@ -56,6 +66,7 @@ class Invocations:
         self.versions = functions.VersionCache()  # one per database: read by routes too
         s = services.settings
         self._breaker_settings = (s.worker_failure_threshold, s.worker_probe_interval_s)
+        self._accepts = Combiner(self._accept_batch, MAX_ACCEPTS_AT_ONCE)
 
     # --- clients --------------------------------------------------------------
     def invoke(
@@ -83,17 +94,9 @@ class Invocations:
         """
         who.require("invoke", function)  # before the lookup: no existence leak
         fast = direct and self.s.direct is not None
-        claim: Claim | None = None
-        with self.direct.lock if fast else contextlib.nullcontext(), self.s.db.session() as session:
-            fn = canary.for_call(session, function, self.versions)  # active or canary
-            if not isinstance(req, CallRequest):
-                req = req(fn)
-            now = self.s.clock()
-            with calls.accepting(session, now, who, fn, req, self.s.registry) as (row, created):
-                if fast and created:  # routed before it is written
-                    breakers = self._breakers.get(session, now, *self._breaker_settings)
-                    claim = direct_calls.claim(session, self.s.metrics, fn, row, now, breakers)
-            view = calls.view(row)
+        item = _Accept(who, function, req)
+        accepted = self._accepts.submit(item) if fast else self._accept_alone(item, fast=False)
+        view, created, claim = accepted
         if claim is not None and background:
             self.s.live.open(claim.call_id)  # its outputs go to the caller's stream in memory
             self.direct.start_or_queue(claim)
@@ -102,6 +105,67 @@ class Invocations:
         elif created:
             self.reconciler.kick(function)
         return view, created
+
+    def _accept_batch(self, items: Sequence[_Accept]) -> list[_Accepted | BaseException]:
+        """Fast-path accepts that arrived together, in one transaction under the direct
+        runner's lock (``combining.Combiner``): each call routed in turn, so each sees
+        the replicas' room the ones before it took. An item that fails before anything
+        is written for it (no such function, a request its builder refuses, an unknown
+        adapter) fails alone. A request with an idempotency key is accepted alone (its
+        insert must be the transaction's only write), after the batch. Should the
+        transaction itself fail, it is rolled back and every item is accepted again
+        alone, with the request already built (its rate limits charged once)."""
+        outcomes: list[_Accepted | BaseException | None] = [None] * len(items)
+        try:
+            with self.direct.lock, self.s.db.session() as session:
+                for i, item in enumerate(items):
+                    try:
+                        self._prepare(session, item)
+                    except SQLAlchemyError:
+                        raise
+                    except Exception as e:  # nothing written for it: its caller's error
+                        outcomes[i] = e
+                        continue
+                    if item.keyed:
+                        continue  # after the batch, alone
+                    outcomes[i] = self._accept_in(session, item, fast=True)
+        except Exception:
+            log.warning("a batch of %d accepts failed; each is accepted alone", len(items))
+            outcomes = [o if isinstance(o, Exception) else None for o in outcomes]
+        done: list[_Accepted | BaseException] = []
+        for item, outcome in zip(items, outcomes, strict=True):
+            if outcome is None:
+                try:
+                    outcome = self._accept_alone(item, fast=True)
+                except Exception as e:
+                    outcome = e
+            done.append(outcome)
+        return done
+
+    def _accept_alone(self, item: _Accept, *, fast: bool) -> _Accepted:
+        with self.direct.lock if fast else contextlib.nullcontext(), self.s.db.session() as session:
+            self._prepare(session, item)
+            return self._accept_in(session, item, fast=fast)
+
+    def _prepare(self, session: Session, item: _Accept) -> None:
+        """The version ``item`` is accepted on and its request, once (what raises here
+        writes nothing): a second try keeps both."""
+        if item.fn is None:
+            item.fn = canary.for_call(session, item.function, self.versions)  # active or canary
+        if not isinstance(item.req, CallRequest):
+            item.req = item.req(item.fn)
+        calls.check_request(item.who, item.fn, item.req, self.s.registry)
+
+    def _accept_in(self, session: Session, item: _Accept, *, fast: bool) -> _Accepted:
+        fn, req = item.fn, item.req
+        assert fn is not None and isinstance(req, CallRequest)
+        claim: Claim | None = None
+        now = self.s.clock()
+        with calls.accepting(session, now, item.who, fn, req, self.s.registry) as (row, created):
+            if fast and created:  # routed before it is written
+                breakers = self._breakers.get(session, now, *self._breaker_settings)
+                claim = direct_calls.claim(session, self.s.metrics, fn, row, now, breakers)
+        return calls.view(row), created, claim
 
     def get(self, who: Principal, call_id: str) -> CallView:
         """The call, to the key that made it or an admin key (``services.call_access``)."""
@@ -169,3 +233,21 @@ class Invocations:
         if ev.kind not in ("started", "output"):
             self.reconciler.kick(function)
             self.direct.trace_final(call_id)
+
+
+@dataclass
+class _Accept:
+    """A call to accept: the function's version and the request, once made."""
+
+    who: Principal
+    function: str
+    req: CallRequest | Callable[[ActiveVersion], CallRequest]
+    fn: ActiveVersion | None = None
+
+    @property
+    def keyed(self) -> bool:
+        return isinstance(self.req, CallRequest) and self.req.idempotency_key is not None
+
+
+# The call as accepted, whether this request made it, and its claim on a replica.
+_Accepted = tuple[CallView, bool, Claim | None]

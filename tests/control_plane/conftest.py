@@ -99,6 +99,7 @@ class ControlPlane:
     settings: Settings
     store: StoreFixture
     workers: list[FakeWorker] = field(default_factory=list)
+    app: Any = None  # the served app, for a test that reaches its services
 
     def client(self, token: str | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token or self.admin_token}"}
@@ -170,7 +171,7 @@ def cp_factory(
         token = app.state.bootstrap_admin_key or next(
             c.admin_token for c in stack if isinstance(c, ControlPlane)
         )
-        cp = ControlPlane(base_url, token, dispatcher, settings, cp_store)
+        cp = ControlPlane(base_url, token, dispatcher, settings, cp_store, app=app)
         stack.append(cp)
         return cp
 

@@ -1,0 +1,168 @@
+"""Fast-path accepts that arrive together are taken in one transaction
+(``Invocations._accept_batch``): each request still ends in exactly one call of its
+own, one request's bad input is its own error, requests with one idempotency key
+still make one call, and a batch whose transaction fails is accepted again item by
+item, with nothing of it left behind. Through the served API, on SQLite and
+PostgreSQL, with the first batch held open so the rest of the burst piles up."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy.exc import OperationalError
+
+from control_plane.services.combining import Combiner
+from control_plane.services.invocations import MAX_ACCEPTS_AT_ONCE, Invocations
+from tests.control_plane.conftest import ControlPlane
+
+WAIT_S = 10.0
+
+
+class Recorder:
+    """Wraps the batch runner: records each batch's size, and holds the first batch
+    until ``burst`` more requests wait behind it."""
+
+    def __init__(self, inv: Invocations, burst: int) -> None:
+        self.inv = inv
+        self.burst = burst
+        self.sizes: list[int] = []
+        self.combiner = Combiner(self._run, MAX_ACCEPTS_AT_ONCE)
+
+    def _run(self, items: Sequence[Any]) -> list[Any]:
+        first = not self.sizes
+        self.sizes.append(len(items))
+        if first:
+            deadline = time.monotonic() + WAIT_S
+            while self.combiner.waiting < self.burst and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return self.inv._accept_batch(items)
+
+
+@pytest.fixture
+def held(cp: ControlPlane) -> Iterator[Callable[[int], Recorder]]:
+    inv: Invocations = cp.app.state.invocations
+    before = inv._accepts
+
+    def hold(burst: int) -> Recorder:
+        recorder = Recorder(inv, burst)
+        inv._accepts = recorder.combiner
+        return recorder
+
+    yield hold
+    inv._accepts = before
+
+
+def _post(
+    cp: ControlPlane, fn: str, body: dict[str, Any], key: str | None = None
+) -> httpx.Response:
+    headers = {"Idempotency-Key": key} if key else {}
+    with cp.client() as c:
+        return c.post(f"/v1/functions/{fn}/invoke", json=body, headers=headers)
+
+
+def _burst(cp: ControlPlane, requests: list[tuple[str, dict[str, Any], str | None]]) -> list[Any]:
+    with ThreadPoolExecutor(len(requests)) as pool:
+        return list(pool.map(lambda r: _post(cp, *r), requests))
+
+
+def _warm(cp: ControlPlane) -> None:
+    r = _post(cp, "echo", {"input": "warm-up"})  # a replica ready: later calls are fast-path
+    assert r.status_code == 200, r.text
+
+
+def _runs(cp: ControlPlane) -> list[str]:
+    return [p["call_id"] for w in cp.workers for t, p in w.received if t == "thaw.run_call"]
+
+
+def _calls(cp: ControlPlane) -> list[dict[str, Any]]:
+    with cp.client() as c:
+        r = c.get("/v1/calls", params={"function": "echo", "limit": 100})
+        assert r.status_code == 200, r.text
+        return list(r.json())
+
+
+def test_a_burst_is_accepted_in_batches_each_request_its_own_call_and_errors(
+    cp: ControlPlane, held: Callable[[int], Recorder]
+) -> None:
+    cp.worker()
+    cp.deploy("echo", adapters=[{"name": "fr", "ref": cp.store.adapter_refs[0]}])
+    _warm(cp)
+    good = [("echo", {"input": {"i": i}}, None) for i in range(12)]
+    bad = [
+        ("nosuch", {"input": 1}, None),  # no such function
+        ("echo", {"input": 2, "adapter": "de"}, None),  # an adapter it does not list
+        ("echo", {"input": 3, "adapter": "de"}, None),
+    ]
+    keyed = [("echo", {"input": "once"}, "order-1")] * 4
+    requests = good + bad + keyed
+    recorder = held(len(requests) - 1)
+
+    answers = _burst(cp, requests)
+
+    assert max(recorder.sizes) > 1, recorder.sizes  # taken together, not one by one
+    assert sum(recorder.sizes) == len(requests)  # and each once
+    for (_, body, _), r in zip(good, answers[: len(good)], strict=True):
+        assert r.status_code == 200, r.text
+        assert r.json()["output"] == {"echo": body["input"], "adapter": None}
+    nosuch, de2, de3 = answers[len(good) : len(good) + 3]
+    assert nosuch.status_code == 404 and "nosuch" in nosuch.json()["detail"]
+    assert de2.status_code == de3.status_code == 400 and "'de'" in de2.json()["detail"]
+    keyed_answers = answers[len(good) + 3 :]
+    assert all(r.status_code == 200 for r in keyed_answers), [r.text for r in keyed_answers]
+    assert len({r.json()["call_id"] for r in keyed_answers}) == 1
+
+    listed = _calls(cp)  # each with its output: its input echoed
+    inputs = sorted(str(c["output"]["echo"]) for c in listed)
+    expected = [str(b["input"]) for _, b, _ in good] + ["once", "warm-up"]
+    assert inputs == sorted(expected)  # one call a request: none lost, none twice
+    assert all(c["status"] == "succeeded" for c in listed)
+    runs = _runs(cp)
+    assert sorted(runs) == sorted(c["call_id"] for c in listed)  # each sent once
+
+
+def test_a_batch_whose_transaction_fails_is_accepted_again_one_by_one(
+    cp: ControlPlane, held: Callable[[int], Recorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cp.worker()
+    cp.deploy("echo")
+    _warm(cp)
+    inv: Invocations = cp.app.state.invocations
+    accept_in = inv._accept_in
+    failed = threading.Event()
+    lock = threading.Lock()
+    in_batch = 0
+
+    def flaky(session: Any, item: Any, *, fast: bool) -> Any:
+        nonlocal in_batch
+        with lock:
+            in_batch += 1
+            fail = in_batch == 3 and not failed.is_set()  # the second batch's second item
+            if fail:
+                failed.set()
+        out = accept_in(session, item, fast=fast)
+        if fail:
+            raise OperationalError("INSERT", {}, Exception("the database went away"))
+        return out
+
+    monkeypatch.setattr(inv, "_accept_in", flaky)
+    requests = [("echo", {"input": {"n": i}}, None) for i in range(8)]
+    recorder = held(len(requests) - 1)
+
+    answers = _burst(cp, requests)
+
+    assert failed.is_set() and max(recorder.sizes) >= 3, recorder.sizes
+    for (_, body, _), r in zip(requests, answers, strict=True):
+        assert r.status_code == 200, r.text
+        assert r.json()["output"] == {"echo": body["input"], "adapter": None}
+    listed = _calls(cp)
+    assert sorted(str(c["output"]["echo"]) for c in listed) == sorted(
+        [str(b["input"]) for _, b, _ in requests] + ["warm-up"]
+    )  # the rolled-back batch left no call behind, and none ran twice
+    assert all(c["status"] == "succeeded" for c in listed)
+    assert sorted(_runs(cp)) == sorted(c["call_id"] for c in listed)
