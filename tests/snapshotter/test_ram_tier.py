@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
+import snapshotter.loader as loader_module
 from control_plane.settings import Settings
 from snapshotter import DiskCache, Snapshotter
 from snapshotter.config import CacheConfig, RamTierConfig, StoreConfig
@@ -475,3 +477,60 @@ def test_an_entry_with_one_checksum_per_file_is_still_checked(
     _flip_byte(max(entry.glob("*.data"), key=lambda f: f.stat().st_size))
     assert snap.load(digest).report.ram_tier_bytes == 0
     assert tier.counters().corrupt == 1
+
+
+def test_a_prewarmed_process_reads_and_plans_no_manifest_at_its_first_load(
+    store_config: StoreConfig,
+    tmp_path: Path,
+    llama_dir: Path,
+    tier_config: RamTierConfig,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    registry, store = counting_registry(store_config)
+    push(registry, llama_dir, "llama:v1")
+    Snapshotter(registry, _cache(tmp_path / "c1"), ram_tier=RamTier(tier_config)).load("llama:v1")
+
+    tier = RamTier(tier_config)
+    reads: list[str] = []
+    plans: list[int] = []
+    get_manifest, plan_load = tier.get_manifest, loader_module.plan_load
+    monkeypatch.setattr(tier, "get_manifest", lambda d: reads.append(d) or get_manifest(d))
+    monkeypatch.setattr(loader_module, "plan_load", lambda *a: plans.append(1) or plan_load(*a))
+    snap = Snapshotter(registry, _cache(tmp_path / "c2"), ram_tier=tier)
+    snap.prewarm("cpu")  # as a pool process does while it waits
+    assert len(reads) == len(plans) == 1  # the tier's entry, parsed and planned ahead
+
+    reads.clear()
+    plans.clear()
+    store.reset()
+    loaded = snap.load("llama:v1")
+    assert reads == [] and plans == []  # nothing read or planned again
+    assert store.gets == ["tags/llama/v1"]  # the tag is still read: tags move
+    assert loaded.report.ram_tier_bytes == loaded.report.tensor_bytes > 0
+    assert_same_tensors(loaded, expected_tensors(llama_dir))
+
+    # The tag moved to other weights: the load follows it.
+    other = tmp_path / "other"
+    shutil.copytree(llama_dir, other)
+    shard = sorted(other.glob("*.safetensors"))[0]
+    tensors = load_file(shard)
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 1
+    save_file(tensors, shard, metadata={"format": "pt"})
+    push(registry, other, "llama:v1")
+    moved = snap.load("llama:v1")
+    assert_same_tensors(moved, expected_tensors(other))
+
+
+def test_manifests_kept_parsed_are_the_most_recently_used_few() -> None:
+    kept = loader_module._Parsed(2)
+    a, b, c = (object(), object(), object())
+    kept.put("a", a)  # type: ignore[arg-type]
+    kept.put("b", b)  # type: ignore[arg-type]
+    assert kept.get("a") == (a, None)  # used: "b" is now the oldest
+    kept.put("c", c)  # type: ignore[arg-type]
+    assert kept.get("b") is None and kept.get("a") == (a, None) and kept.get("c") == (c, None)
+    plan = object()
+    kept.put("a", a, plan)  # type: ignore[arg-type]
+    kept.put("a", a)  # type: ignore[arg-type]
+    assert kept.get("a") == (a, plan)  # a plan made once stays
