@@ -162,7 +162,12 @@ class Snapshotter:
         """Parse and plan the RAM tier's most recent entries ahead of a load."""
         if self.ram_tier is None:
             return
-        for digest in self.ram_tier.recent()[:PARSED_KEPT]:
+        try:
+            recent = self.ram_tier.recent()[:PARSED_KEPT]
+        except OSError as exc:  # an optimization: the loads read what they need
+            log.info("could not list the RAM tier's entries to plan them ahead: %s", exc)
+            return
+        for digest in recent:
             try:
                 self._held_plan(digest, self._manifest(digest))
             except Exception as exc:  # the load reads it again, and says what is wrong
