@@ -9,6 +9,9 @@ Input::
 
     {"prompt": "Hello", "max_tokens": 32, "temperature": 0.0, "seed": 0}
 
+Only these keys: any other (a misspelt ``max_new_tokens``, say) fails the call with
+an error that names it.
+
 A streaming caller gets ``{"text": "<piece>"}`` per generated token; any
 other caller gets ``{"text": "<all of it>", "tokens": N}``. Pass
 ``"adapter": "pirate"`` in the request to generate through that LoRA
@@ -128,9 +131,15 @@ class TextGen:
         return contextlib.nullcontext()
 
 
+PARAMS = ("prompt", "max_tokens", "temperature", "seed")
+
+
 def _params(input: Any) -> dict[str, Any]:
     if not isinstance(input, dict) or not isinstance(input.get("prompt"), str):
         raise ValueError('input must be an object with a "prompt" string')
+    unknown = sorted(set(input) - set(PARAMS))
+    if unknown:  # a misspelt limit would otherwise be ignored without a word
+        raise ValueError(f"unknown input keys {unknown}; this function takes {list(PARAMS)}")
     max_tokens = int(input.get("max_tokens", 32))
     if not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
         raise ValueError(f"max_tokens must be between 1 and {MAX_TOKENS_LIMIT}")

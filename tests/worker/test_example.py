@@ -111,6 +111,10 @@ def test_unknown_adapter_and_bad_input_fail_the_call_only(replica: ProcessReplic
     assert unknown.kind == "failed" and "adapter 'klingon' is not listed" in (unknown.error or "")
     [bad] = call(replica, {"text": "no prompt"})
     assert bad.kind == "failed" and "prompt" in (bad.error or "")
+    [misspelt] = call(replica, {"prompt": "Hello", "max_new_tokens": 5})
+    assert misspelt.kind == "failed"
+    assert "unknown input keys ['max_new_tokens']" in (misspelt.error or "")
+    assert "max_tokens" in (misspelt.error or "")  # what it takes instead
     assert call(replica, PROMPT)[0].kind == "succeeded"
 
 
