@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -217,9 +217,12 @@ class _Sent:
 
     def __init__(self) -> None:
         self.writes: list[bytes] = []
+        self.after_write: Callable[[], None] | None = None  # in the engine's router thread
 
     def __call__(self, data: bytes) -> None:
         self.writes.append(data)
+        if self.after_write is not None:
+            self.after_write()
 
     def chunks(self, call_id: str) -> list[dict[str, Any]]:
         out = []
@@ -325,24 +328,34 @@ def test_a_cancel_in_a_pushed_calls_thread_frees_its_sequence(
     running = RunningCalls()
     ended: list[BaseException] = []
     call = CallContext("cancelled", stream=True)
+    cancelled = threading.Event()
 
     def run() -> None:
         running.enter(call.call_id)
         try:
-            _push(function, frames, {"prompt": "Hi", "max_tokens": 64, "temperature": 1.0}, call)
+            request = {"prompt": "Hi", "max_tokens": 64, "temperature": 1.0, "ignore_eos": True}
+            _push(function, frames, request, call)
         except CallCancelled as exc:
             ended.append(exc)
         finally:
             running.leave(call.call_id)
 
+    def cancel_at_the_first_chunk() -> None:
+        # In the router's thread, which hands over no further step meanwhile: the call is
+        # cancelled with its sequence unfinished however slow its own thread is to see it.
+        if not cancelled.is_set() and sent.chunks("cancelled"):
+            cancelled.set()
+            running.cancel(call.call_id)
+            deadline = time.monotonic() + 5
+            while not ended and time.monotonic() < deadline:
+                time.sleep(0.005)
+
+    sent.after_write = cancel_at_the_first_chunk
     thread = threading.Thread(target=run)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not sent.chunks("cancelled"):
-        assert time.monotonic() < deadline, "no chunk was pushed"
-        time.sleep(0.005)
-    running.cancel(call.call_id)
-    thread.join(5)
+    thread.join(10)
+    sent.after_write = None
+    assert cancelled.is_set(), "no chunk was pushed"
     assert ended and not thread.is_alive()
     _wait_idle(function)
     assert engine.aborted == aborted + 1
