@@ -60,7 +60,8 @@ cat "$out/env.log"
 
 # The 1.1 B model is built on the CPU while the tests run.
 llama="$data/llama-1b"
-python3 - "$llama" >"$data/model.log" 2>&1 <<'EOF' &
+builder=
+[[ $steps == *,coldstart,* ]] && python3 - "$llama" >"$data/model.log" 2>&1 <<'EOF' &
 import sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM
 config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
@@ -71,7 +72,7 @@ with torch.device("cpu"):
 print(sum(p.numel() for p in model.parameters()) / 1e9, "B parameters")
 model.save_pretrained(sys.argv[1], max_shard_size="800MB")
 EOF
-builder=$!
+[[ $steps == *,coldstart,* ]] && builder=$!
 
 tests=(tests/snapshotter/test_loader_cuda.py tests/worker/test_cuda.py
        tests/snapshotter/test_ram_tier_mapping.py tests/snapshotter/test_ram_tier.py
@@ -90,13 +91,13 @@ find "$data/llm" -name '*.log' -newer "$out/env.log" 2>/dev/null | while read -r
 done >>"$out/llm.log"
 tail -n 40 "$out/llm.log"
 
-wait "$builder"; tail -n 2 "$data/model.log"
+[[ -n $builder ]] && { wait "$builder"; tail -n 2 "$data/model.log"; }
 step coldstart 160 python3 bench/coldstart.py --model "$llama" --device cuda --trials 2 \
   --data-dir "$data/coldstart"
 tail -n 30 "$out/coldstart.log"
 
 cuda_rows=memcpy,h2d,safetensors-cuda,fastsafetensors,runai-cuda,thaw-cuda,thaw-ram-cuda,thaw-ram-cuda-unpinned,thaw-ram
-step load-1g 150 python3 bench/load.py --size-mb 1024 --trials 3 --methods "$cuda_rows" \
+step load-1g 220 python3 bench/load.py --size-mb 1024 --trials 5 --methods "$cuda_rows" \
   --data-dir "$data/load"
 tail -n 45 "$out/load-1g.log"
 
@@ -105,6 +106,6 @@ step llm-profile 90 python3 bench/llm_profile.py --device cuda --streams 1 --sec
   --data-dir "$data/llm" --out "$data/llm-profile"
 tail -n 60 "$out/llm-profile.log"
 
-step load-8g 150 python3 bench/load.py --size-mb 8192 --trials 2 \
+step load-8g 200 python3 bench/load.py --size-mb 8192 --trials 2 \
   --methods h2d,safetensors-cuda,thaw-cuda,thaw-ram-cuda,thaw-ram-cuda-unpinned --data-dir "$data/load8"
 tail -n 30 "$out/load-8g.log"
