@@ -28,9 +28,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from sqlalchemy.orm import Session
 
 from control_plane.db.models import Call
 from control_plane.dispatch.base import UnsendableError
@@ -40,6 +42,7 @@ from control_plane.protocol import FINAL_CALL_EVENTS, CallEvent, RunCall
 from control_plane.services import batching, calls, dispatching
 from control_plane.services.call_spans import call_spans
 from control_plane.services.calls import CallView
+from control_plane.services.combining import Combiner
 from control_plane.services.context import Services
 from control_plane.services.direct_calls import Claim
 from control_plane.services.live_outputs import LiveCall, LiveItem
@@ -48,6 +51,8 @@ log = logging.getLogger(__name__)
 
 # Background runs (routed calls) at once; beyond this a routed call takes the queue.
 MAX_BACKGROUND_RUNS = 64
+# Call records (starts, first outputs, ends) made in one transaction at most.
+MAX_RECORDS_AT_ONCE = 32
 # How long past its deadline a live stream's end is waited for on its connection
 # (the worker ends the call at its own deadline, a little later than the control
 # plane's); after it, the worker's report over HTTP.
@@ -68,6 +73,7 @@ class DirectRunner:
         # in this process, so two callers do not both count the same free slot.
         self.lock = threading.Lock()
         self._background = KeptThreads("thaw-direct", MAX_BACKGROUND_RUNS)
+        self._records = Combiner(self._record_batch, MAX_RECORDS_AT_ONCE)
 
     @property
     def enabled(self) -> bool:
@@ -245,26 +251,55 @@ class DirectRunner:
         at: float | None = None,
     ) -> CallView | None:
         """Record events in order, in one transaction; the call as it ended when one
-        ended it. ``at``: when the events came (else as each is recorded)."""
-        final = any(ev.kind in FINAL_CALL_EVENTS for ev in events)
-        kick = False
-        with self.lock, self.s.db.session() as session:
-            if row is not None:
-                session.add(row)  # as dispatched, detached since: no read, no copy
-            try:
-                for ev in events:
-                    now = self.s.clock() if at is None else at
-                    kick = calls.record_event(session, self.s.metrics, now, call_id, ev) or kick
-                    batching.observe(self.s.metrics, function, ev)
-            except ConflictError:
-                return None  # ended meanwhile (cancelled, deadline): the first end stands
-            view = calls.get(session, call_id) if final else None
+        ended it. ``at``: when the events came (else as each is recorded). Records
+        made at the same time by other calls' threads share the transaction and the
+        turn under the lock (``_record_batch``)."""
+        recorded = self._records.submit(_Record(function, call_id, events, row, at))
+        if recorded is None:
+            return None  # ended meanwhile (cancelled, deadline): the first end stands
         self.s.notifier.notify(call_id)
-        if kick:
+        if recorded.kick:
             self._kick(function)
-        if final:
-            self.trace_final(call_id, view)
-        return view
+        if any(ev.kind in FINAL_CALL_EVENTS for ev in events):
+            self.trace_final(call_id, recorded.view)
+        return recorded.view
+
+    def _record_batch(self, items: Sequence[_Record]) -> list[_Recorded | BaseException | None]:
+        """Records that came together, in one transaction under the lock (a burst of
+        streams starts, sends its first outputs and ends together: one commit and one
+        turn instead of one each). Should the transaction fail, it is rolled back and
+        each record is made again alone, so one call's failure is its own."""
+        try:
+            with self.lock, self.s.db.session() as session:
+                return [self._record_in(session, item) for item in items]
+        except Exception:
+            if len(items) == 1:
+                raise
+            log.warning("a batch of %d call records failed; each is recorded alone", len(items))
+        done: list[_Recorded | BaseException | None] = []
+        for item in items:
+            try:
+                with self.lock, self.s.db.session() as session:
+                    done.append(self._record_in(session, item))
+            except Exception as e:
+                done.append(e)
+        return done
+
+    def _record_in(self, session: Session, item: _Record) -> _Recorded | None:
+        """``item``'s events in ``session``; None when the call had ended already (the
+        events before the one refused stay, as recorded)."""
+        if item.row is not None:
+            session.add(item.row)  # as dispatched, detached since: no read, no copy
+        kick = False
+        try:
+            for ev in item.events:
+                now = self.s.clock() if item.at is None else item.at
+                kick = calls.record_event(session, self.s.metrics, now, item.call_id, ev) or kick
+                batching.observe(self.s.metrics, item.function, ev)
+        except ConflictError:
+            return None
+        final = any(ev.kind in FINAL_CALL_EVENTS for ev in item.events)
+        return _Recorded(calls.get(session, item.call_id) if final else None, kick)
 
     def _requeue(self, claim: Claim) -> None:
         with self.s.db.session() as session:
@@ -318,6 +353,23 @@ class KeptThreads:
                 with self._mu:
                     self._busy -= 1
                     self._idle += 1
+
+
+@dataclass
+class _Record:
+    """Events of one call to record, as ``DirectRunner._record_events`` takes them."""
+
+    function: str
+    call_id: str
+    events: list[CallEvent]
+    row: Call | None
+    at: float | None
+
+
+@dataclass
+class _Recorded:
+    view: CallView | None  # the call as it ended, when these events ended it
+    kick: bool  # a slot was freed or the call requeued: reconcile the function
 
 
 @dataclass
