@@ -61,7 +61,8 @@ cat "$out/env.log"
 # The 1.1 B model is built on the CPU while the tests run.
 llama="$data/llama-1b"
 builder=
-[[ $steps == *,coldstart,* ]] && python3 - "$llama" >"$data/model.log" 2>&1 <<'EOF' &
+if [[ $steps == *,coldstart,* ]]; then
+python3 - "$llama" >"$data/model.log" 2>&1 <<'EOF' &
 import sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM
 config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
@@ -72,7 +73,8 @@ with torch.device("cpu"):
 print(sum(p.numel() for p in model.parameters()) / 1e9, "B parameters")
 model.save_pretrained(sys.argv[1], max_shard_size="800MB")
 EOF
-[[ $steps == *,coldstart,* ]] && builder=$!
+builder=$!
+fi
 
 tests=(tests/snapshotter/test_loader_cuda.py tests/worker/test_cuda.py
        tests/snapshotter/test_ram_tier_mapping.py tests/snapshotter/test_ram_tier.py

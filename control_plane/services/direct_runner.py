@@ -260,7 +260,7 @@ class DirectRunner:
         self.s.notifier.notify(call_id)
         if recorded.kick:
             self._kick(function)
-        if any(ev.kind in FINAL_CALL_EVENTS for ev in events):
+        if recorded.view is not None:  # these events ended it
             self.trace_final(call_id, recorded.view)
         return recorded.view
 

@@ -8,8 +8,7 @@ PostgreSQL, with the first batch held open so the rest of the burst piles up."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -17,40 +16,18 @@ import httpx
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from control_plane.services.combining import Combiner
 from control_plane.services.invocations import MAX_ACCEPTS_AT_ONCE, Invocations
 from tests.control_plane.conftest import ControlPlane
-
-WAIT_S = 10.0
-
-
-class Recorder:
-    """Wraps the batch runner: records each batch's size, and holds the first batch
-    until ``burst`` more requests wait behind it."""
-
-    def __init__(self, inv: Invocations, burst: int) -> None:
-        self.inv = inv
-        self.burst = burst
-        self.sizes: list[int] = []
-        self.combiner = Combiner(self._run, MAX_ACCEPTS_AT_ONCE)
-
-    def _run(self, items: Sequence[Any]) -> list[Any]:
-        first = not self.sizes
-        self.sizes.append(len(items))
-        if first:
-            deadline = time.monotonic() + WAIT_S
-            while self.combiner.waiting < self.burst and time.monotonic() < deadline:
-                time.sleep(0.01)
-        return self.inv._accept_batch(items)
+from tests.control_plane.direct_runs import HeldBatches
 
 
 @pytest.fixture
-def held(cp: ControlPlane) -> Iterator[Callable[[int], Recorder]]:
+def held(cp: ControlPlane) -> Iterator[Callable[[int], HeldBatches]]:
     inv: Invocations = cp.app.state.invocations
     before = inv._accepts
 
-    def hold(burst: int) -> Recorder:
-        recorder = Recorder(inv, burst)
+    def hold(burst: int) -> HeldBatches:
+        recorder = HeldBatches(inv._accept_batch, MAX_ACCEPTS_AT_ONCE, burst)
         inv._accepts = recorder.combiner
         return recorder
 
@@ -88,7 +65,7 @@ def _calls(cp: ControlPlane) -> list[dict[str, Any]]:
 
 
 def test_a_burst_is_accepted_in_batches_each_request_its_own_call_and_errors(
-    cp: ControlPlane, held: Callable[[int], Recorder]
+    cp: ControlPlane, held: Callable[[int], HeldBatches]
 ) -> None:
     cp.worker()
     cp.deploy("echo", adapters=[{"name": "fr", "ref": cp.store.adapter_refs[0]}])
@@ -127,7 +104,7 @@ def test_a_burst_is_accepted_in_batches_each_request_its_own_call_and_errors(
 
 
 def test_a_batch_whose_transaction_fails_is_accepted_again_one_by_one(
-    cp: ControlPlane, held: Callable[[int], Recorder], monkeypatch: pytest.MonkeyPatch
+    cp: ControlPlane, held: Callable[[int], HeldBatches], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cp.worker()
     cp.deploy("echo")

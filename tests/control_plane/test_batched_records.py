@@ -9,8 +9,7 @@ open so the rest of the burst piles up."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,17 +19,14 @@ from sqlalchemy.exc import OperationalError
 
 from control_plane.api.app import build_services
 from control_plane.db import migrate
-from control_plane.db.models import Call
 from control_plane.dispatch.memory import InMemoryDispatcher
 from control_plane.protocol import CallEvent, RunCall
 from control_plane.services import calls
-from control_plane.services.combining import Combiner
 from control_plane.services.context import Services
-from control_plane.services.direct_calls import Claim
 from control_plane.services.direct_runner import MAX_RECORDS_AT_ONCE, DirectRunner
 from tests.control_plane.conftest import make_settings
+from tests.control_plane.direct_runs import HeldBatches, claim_of, dispatched_call
 
-WAIT_S = 10.0
 BURST = 10
 
 
@@ -42,26 +38,6 @@ class EchoPort:
         yield CallEvent(kind="succeeded", output={"echo": msg.call_id})
 
 
-class Recorder:
-    """Wraps the batch runner: records each batch's size, and holds the first batch
-    until ``burst`` more records wait behind it."""
-
-    def __init__(self, runner: DirectRunner, burst: int) -> None:
-        self.runner = runner
-        self.burst = burst
-        self.sizes: list[int] = []
-        self.combiner = Combiner(self._run, MAX_RECORDS_AT_ONCE)
-
-    def _run(self, items: Sequence[Any]) -> list[Any]:
-        first = not self.sizes
-        self.sizes.append(len(items))
-        if first:
-            deadline = time.monotonic() + WAIT_S
-            while self.combiner.waiting < self.burst and time.monotonic() < deadline:
-                time.sleep(0.01)
-        return self.runner._record_batch(items)
-
-
 @pytest.fixture
 def services(tmp_path: Path, db_url: str) -> Iterator[Services]:
     migrate.upgrade(db_url)
@@ -69,20 +45,7 @@ def services(tmp_path: Path, db_url: str) -> Iterator[Services]:
     s.direct = EchoPort()  # type: ignore[assignment]
     with s.db.session() as session:
         for i in range(BURST + 1):
-            session.add(
-                Call(
-                    id=f"c{i}",
-                    function="f",
-                    version=1,
-                    api_key_id="k",
-                    input_json="null",
-                    status="dispatched",
-                    replica_id="r1",
-                    accepted_at=s.clock(),
-                    timeout_s=60,
-                    deadline_at=s.clock() + 60,
-                )
-            )
+            session.add(dispatched_call(f"c{i}", s.clock()))
     yield s
     s.db.dispose()
 
@@ -92,18 +55,10 @@ def runner(services: Services) -> DirectRunner:
     return DirectRunner(services, kick=lambda f: None, send_queued=lambda w, m: True)
 
 
-def hold(runner: DirectRunner, burst: int) -> Recorder:
-    recorder = Recorder(runner, burst)
+def hold(runner: DirectRunner, burst: int) -> HeldBatches:
+    recorder = HeldBatches(runner._record_batch, MAX_RECORDS_AT_ONCE, burst)
     runner._records = recorder.combiner
     return recorder
-
-
-def _claim(s: Services, call_id: str) -> Claim:
-    with s.db.session() as session:
-        row = calls.get_row(session, call_id)
-        session.expunge(row)
-    msg = RunCall(call_id=call_id, replica_id="r1", function="f", accepted_at=0.0)
-    return Claim(call_id, "f", "w1", msg, s.clock() + 60, "127.0.0.1:1", "token", row)
 
 
 def _ended(s: Services) -> dict[str, Any]:
@@ -117,7 +72,7 @@ def _burst(runner: DirectRunner, ids: list[str], *extra: Callable[[], object]) -
     s = runner.s
     with ThreadPoolExecutor(len(ids) + len(extra)) as pool:
         others = [pool.submit(f) for f in extra]
-        views = list(pool.map(lambda c: runner.run(_claim(s, c), record_started=True), ids))
+        views = list(pool.map(lambda c: runner.run(claim_of(s, c), record_started=True), ids))
         for f in others:
             f.result()
     return views
@@ -126,7 +81,7 @@ def _burst(runner: DirectRunner, ids: list[str], *extra: Callable[[], object]) -
 def test_a_bursts_records_are_made_together_each_call_once_a_late_end_refused_alone(
     services: Services, runner: DirectRunner
 ) -> None:
-    first = runner.run(_claim(services, "c0"))  # ended before the burst
+    first = runner.run(claim_of(services, "c0"))  # ended before the burst
     assert first is not None and first.status == "succeeded"
     ids = [f"c{i}" for i in range(1, BURST + 1)]
     recorder = hold(runner, BURST)  # the starts and the late end behind the first

@@ -17,17 +17,16 @@ import pytest
 
 from control_plane.api.app import build_services
 from control_plane.db import migrate
-from control_plane.db.models import Call
 from control_plane.dispatch.direct import DirectLostError
 from control_plane.dispatch.memory import InMemoryDispatcher
 from control_plane.protocol import CallEvent, RunCall
 from control_plane.services import calls, live_outputs
 from control_plane.services.activator import Activator, StreamItem
 from control_plane.services.context import Services
-from control_plane.services.direct_calls import Claim
 from control_plane.services.direct_runner import DirectRunner, joined
 from control_plane.services.live_outputs import LiveItem, LiveOutputs
 from tests.control_plane.conftest import make_settings
+from tests.control_plane.direct_runs import claim_of, dispatched_call
 
 CALL = "c1"
 
@@ -88,30 +87,9 @@ def services(tmp_path: Path) -> Iterator[Services]:
     migrate.upgrade(url)
     s = build_services(make_settings(tmp_path, url, tmp_path / "store"), InMemoryDispatcher())
     with s.db.session() as session:
-        session.add(
-            Call(
-                id=CALL,
-                function="f",
-                version=1,
-                api_key_id="k",
-                input_json="null",
-                status="dispatched",
-                replica_id="r1",
-                accepted_at=s.clock(),
-                timeout_s=60,
-                deadline_at=s.clock() + 60,
-            )
-        )
+        session.add(dispatched_call(CALL, s.clock()))
     yield s
     s.db.dispose()
-
-
-def _claim(s: Services) -> Claim:
-    with s.db.session() as session:
-        row = calls.get_row(session, CALL)
-        session.expunge(row)
-    msg = RunCall(call_id=CALL, replica_id="r1", function="f", stream=True, accepted_at=0.0)
-    return Claim(CALL, "f", "w1", msg, s.clock() + 60, "127.0.0.1:1", "token", row)
 
 
 def _stored(s: Services) -> list[tuple[int, Any]]:
@@ -129,7 +107,7 @@ def _start(s: Services, port: object) -> None:
     s.direct = port  # type: ignore[assignment]
     runner = DirectRunner(s, kick=lambda f: None, send_queued=lambda w, m: True)
     s.live.open(CALL)
-    runner.start(_claim(s))
+    runner.start(claim_of(s, CALL, stream=True))
 
 
 def _run(
