@@ -247,7 +247,8 @@ def test_stop_reports_stopped_and_later_calls_fail(setup: tuple[ReplicaManager, 
 
 class Sink:
     """A direct call's connection: records the events written to it (and on which
-    thread); ``broken_after``: outputs it takes before its connection breaks."""
+    thread); ``broken_after``: chunks it takes before its connection breaks (an output
+    event carries every chunk made while the one before it was written)."""
 
     def __init__(self, broken_after: int | None = None) -> None:
         self.events: list[dict[str, object]] = []
@@ -256,8 +257,8 @@ class Sink:
         self.got_output = threading.Event()
 
     def __call__(self, event: CallEvent) -> bool:
-        outputs = sum(1 for e in self.events if e["kind"] == "output")
-        if self.broken_after is not None and outputs >= self.broken_after:
+        chunks = len(streamed(self.events)[1])
+        if self.broken_after is not None and chunks >= self.broken_after:
             return False
         self.events.append(event.model_dump(mode="json"))
         self.threads.append(threading.current_thread().name)
@@ -291,7 +292,7 @@ def test_a_direct_stream_whose_connection_breaks_goes_on_over_http_in_order(
     manager, recorder = setup
     start(manager, "basic:Stream")
     sink = Sink(broken_after=3)
-    manager.run_direct(call("c1", {"n": 200}, stream=True), sink)
+    manager.run_direct(call("c1", {"n": 200, "gap_s": 0.001}, stream=True), sink)
     posted = recorder.events("/v1/calls/c1/")
     kinds_, chunks = streamed(sink.events + posted)
     assert kinds_ == ["started", "output", "succeeded"]

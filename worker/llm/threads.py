@@ -15,9 +15,19 @@ millisecond, so the serving path is the limit. ``StepThreadRule`` times every st
 ``min_tokens`` tokens or more (fewer rows split too thinly across threads to gain, and
 a step of one sequence is all fixed cost: it would make any model look heavy) and
 keeps a moving mean of its time per generated token, scaled to the replica's own
-threads; such a step then runs on ``wide`` threads when that mean reaches
+threads. The mean is of time over tokens, each step's sums decayed by the next
+(``_DECAY``), and it stands only once it holds ``min_tokens`` generated tokens: a step
+that ends one long prompt makes one token for a whole prefill, and alone it would make
+a light model look heavy. A step of that many tokens or more then runs on ``wide``
+threads when the mean reaches
 ``wide_ms_per_token``, else on ``narrow``, as every smaller step does. Measured on 2
 vCPUs, 76M model: ``bench/README.md``, "Wide steps".
+
+A step is timed on the generation thread's CPU clock, not the wall clock: a step that
+waited for a core or for the interpreter lock (the serving path's threads, or anything
+else on the machine) did no more work for its tokens, and counting the wait would
+widen steps exactly when no core is spare. On ``n`` threads the generation thread does
+about a ``1/n`` share of the step's work, which the scaling by threads accounts for.
 
 ``torch.set_num_threads`` sets the calling thread's OpenMP team size, so the rule is
 applied on the manager's generation thread, before each step, and only when the count
@@ -32,7 +42,7 @@ from typing import Any
 
 import torch
 
-_MEAN_WEIGHT = 0.2  # of the newest step in the moving mean
+_DECAY = 0.8  # of the moving mean's sums at each step counted
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,8 @@ class StepThreadRule:
     def __init__(self, threads: StepThreads) -> None:
         self.threads = threads
         self.ms_per_token = 0.0  # moving mean, scaled to the narrow threads; 0: none yet
+        self._ms = 0.0  # the mean's decayed sums: time on the narrow threads, and tokens
+        self._tokens = 0.0
         self.steps = 0
         self.wide_steps = 0
 
@@ -72,9 +84,10 @@ class StepThreadRule:
             self.wide_steps += 1
         if tokens < self.threads.min_tokens or generated < 1:
             return  # never wide; or a prefill chunk that ends no prompt (no token to charge)
-        ms = seconds * 1e3 * threads / self.threads.narrow / generated
-        mean = self.ms_per_token
-        self.ms_per_token = ms if mean == 0 else mean + _MEAN_WEIGHT * (ms - mean)
+        self._ms = _DECAY * self._ms + seconds * 1e3 * threads / self.threads.narrow
+        self._tokens = _DECAY * self._tokens + generated
+        if self._tokens >= self.threads.min_tokens:
+            self.ms_per_token = self._ms / self._tokens
 
 
 def install_step_threads(manager: Any, rule: StepThreadRule) -> None:
@@ -93,8 +106,8 @@ def install_step_threads(manager: Any, rule: StepThreadRule) -> None:
         if threads != current:
             torch.set_num_threads(threads)
             current = threads
-        began = time.perf_counter()
+        began = time.thread_time()
         step()
-        rule.measured(threads, time.perf_counter() - began, tokens, generated)
+        rule.measured(threads, time.thread_time() - began, tokens, generated)
 
     manager._generation_step = threaded_step

@@ -28,7 +28,10 @@ class Echo:
 
 class Stream:
     def __call__(self, input: Any) -> Any:
+        gap_s = float(input.get("gap_s", 0))  # between chunks, so they go out apart
         for i in range(int(input["n"])):
+            if i and gap_s:
+                time.sleep(gap_s)
             yield {"i": i}
         odd = input.get("odd")  # a last chunk JSON cannot hold as it is, or at all
         if odd == "nan":

@@ -42,6 +42,19 @@ def test_a_small_steps_time_does_not_count() -> None:
     assert rule.ms_per_token == pytest.approx(0.5) and rule.choose(16) == 1
 
 
+def test_a_step_that_ends_one_prompt_does_not_make_a_light_model_look_heavy() -> None:
+    # The first step ends one 12-token prompt: 6 ms for its one token, a whole prefill.
+    rule = StepThreadRule(StepThreads(narrow=1, wide=2, wide_ms_per_token=3.0))
+    rule.measured(1, 0.006, 12, 1)
+    assert rule.ms_per_token == 0.0 and rule.choose(77) == 1  # one token: no mean yet
+    rule.measured(1, 0.0077, 77, 8)  # the rest of the prompts end together
+    assert rule.ms_per_token == pytest.approx((0.8 * 6 + 7.7) / (0.8 + 8))
+    assert rule.choose(32) == 1
+    for _ in range(20):  # then the model shows 5 ms a token, decoding: its old steps fade
+        rule.measured(1, 0.040, 8, 8)
+    assert rule.ms_per_token == pytest.approx(5.0, rel=0.01) and rule.choose(8) == 2
+
+
 def test_a_wide_steps_time_counts_at_the_narrow_threads_and_prefill_chunks_count_none() -> None:
     rule = StepThreadRule(StepThreads(narrow=2, wide=4, wide_ms_per_token=3.0))
     rule.measured(4, 0.010, 10, 10)  # 1 ms a token on 4 threads: 2 ms on the narrow 2
@@ -106,7 +119,8 @@ def test_a_wide_step_runs_on_more_threads_and_makes_the_same_tokens(model: Any) 
 
 
 def test_by_default_a_tiny_model_stays_on_the_replicas_threads(model: Any) -> None:
-    # The tiny model spends a small fraction of a millisecond a token, under 3 ms.
+    # The tiny model spends a small fraction of a millisecond a token, under 3 ms, on
+    # the generation thread's CPU clock, however busy the machine is.
     engine = Engine(model, SIZES, [EOS], threads=StepThreads(1, 2))
     try:
         _eight_at_once(engine)
