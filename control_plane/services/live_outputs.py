@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
+
+from control_plane import loop_wakes
 
 # How long a run waits for its reader to pass the first output on before it records
 # it anyway (a reader slower than this is not waiting for the record: it is busy).
@@ -93,9 +94,7 @@ class LiveCall:
             self._cond.notify()
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
-            loop, future = waiter
-            with contextlib.suppress(RuntimeError):  # its loop closed: the reader is gone
-                loop.call_soon_threadsafe(_wake, future)
+            loop_wakes.wake(*waiter)  # with the other streams' of the reader's pass
 
     def finish(self) -> None:
         """The run is over: a fallback for a reader still waiting, unless it ended."""
@@ -131,11 +130,6 @@ class LiveCall:
         items = list(self._items)
         self._items.clear()
         return items
-
-
-def _wake(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 class LiveOutputs:
