@@ -12,7 +12,7 @@ when the pass ends::
     with gathered():            # the reader's pass over what select() returned
         ... wake(loop, f1) ...  # kept
         ... wake(loop, f2) ...  # kept
-                                # loop.call_soon_threadsafe(_set_all, [f1, f2])
+                                # loop.call_soon_threadsafe(set_all, [f1, f2])
 
 Outside ``gathered()``, ``wake`` hands its future over at once.
 """
@@ -36,7 +36,7 @@ def wake(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> None:
         kept.append((loop, future))
         return
     with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(_set_all, [future])
+        loop.call_soon_threadsafe(set_all, [future])
 
 
 @contextlib.contextmanager
@@ -56,10 +56,11 @@ def gathered() -> Iterator[None]:
             by_loop.setdefault(loop, []).append(future)
         for loop, futures in by_loop.items():
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_set_all, futures)
+                loop.call_soon_threadsafe(set_all, futures)
 
 
-def _set_all(futures: list[asyncio.Future[None]]) -> None:
+def set_all(futures: list[asyncio.Future[None]]) -> None:
+    """In the futures' loop: each one not done yet is woken (its result None)."""
     for future in futures:
         if not future.done():
             future.set_result(None)

@@ -12,6 +12,7 @@ from control_plane.openai.calls import Stream
 from control_plane.openai.errors import OpenAIError, model_not_found
 from control_plane.openai.protocol import (
     ChatCompletionRequest,
+    ChatDelta,
     CompletionRequest,
     Usage,
     parse_request,
@@ -94,6 +95,35 @@ def test_a_stream_with_continuous_usage_counts_tokens_as_they_come() -> None:
     assert continuous[-1]["choices"] == [] and continuous[-1]["usage"]["total_tokens"] == 9
     plain = events({"include_usage": True})
     assert [c["usage"] for c in plain[:-1]] == [None] * 4 and plain[-1]["usage"] is not None
+
+
+TEXTS = ["He", ' "quoted" \\ back', "é ü 漢字 🙂", "tab\tnew\nline\x01\x7f", "\u2028</script>"]
+
+
+@pytest.mark.parametrize("kind", [ChatCompletionRequest, CompletionRequest])
+@pytest.mark.parametrize("model", ["tiny", 'odd "model" é'])
+def test_a_text_chunk_is_the_same_bytes_as_the_chunk_model_makes(
+    kind: type[ChatCompletionRequest] | type[CompletionRequest], model: str
+) -> None:
+    # Most chunks are made from the stream's first, split around its text: byte for
+    # byte what the chunk's model gives, whatever the text and the model's name.
+    body = {**CHAT, "model": model, "stream": True}
+    if kind is CompletionRequest:
+        body = {"model": model, "prompt": "Hi", "stream": True}
+    stream = Stream(parse_request(kind, body), "c1")
+    stream.output({"text": "", "tokens": 0, "prompt_tokens": 5})  # the role's chunk
+    for text in TEXTS:
+        (fast,) = stream.output({"text": text, "tokens": 1})
+        if kind is ChatCompletionRequest:
+            slow = stream._chat(ChatDelta(content=text))
+        else:
+            slow = stream._text(text)
+        assert fast == slow
+        sent = json.loads(fast.decode().removeprefix("data: "))
+        assert sent["model"] == model
+        assert sent["id"] == ("chatcmpl-c1" if stream.chat else "cmpl-c1")
+        choice = sent["choices"][0]
+        assert (choice["delta"]["content"] if stream.chat else choice["text"]) == text
 
 
 @pytest.mark.parametrize(
