@@ -5,8 +5,7 @@ stream. Read by a thread per call, every event wakes that call's thread, and wit
 many streams at once the wake-ups, not the events, are the control plane's CPU
 (``bench/handoff.py``). Here one thread waits on the connections of every streamed
 call with a selector, and hands each event to its call's ``on_event`` as it is read:
-the events of a step of many streams wake one thread, and the futures their readers
-in an event loop wait on are set in one hand-off to the loop (``loop_wakes``)::
+the events of a step of many streams wake one thread::
 
     the call's thread                          the reader (one per channel)
       stream(addr, token, msg, on_event,        follows the call's connection:
@@ -31,7 +30,6 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from control_plane import loop_wakes
 from control_plane.protocol import FINAL_CALL_EVENTS, CallEvent
 from worker.frames import FrameError, FrameSocket
 
@@ -125,15 +123,13 @@ class StreamReader:
 
     def _loop(self) -> None:
         while True:
-            ready = self._selector.select()
-            with loop_wakes.gathered():  # the readers in an event loop: woken once a pass
-                for key, _ in ready:
-                    if key.data is None:
-                        if not self._take_orders():
-                            self._stop()
-                            return
-                    else:
-                        self._read(key.data)
+            for key, _ in self._selector.select():
+                if key.data is None:
+                    if not self._take_orders():
+                        self._stop()
+                        return
+                else:
+                    self._read(key.data)
 
     def _take_orders(self) -> bool:
         """Follow the streams added, end those dropped; False once closed."""

@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Any, Literal
-
-from control_plane import loop_wakes
 
 # How long a run waits for its reader to pass the first output on before it records
 # it anyway (a reader slower than this is not waiting for the record: it is busy).
@@ -92,7 +91,9 @@ class LiveCall:
             self._cond.notify()
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
-            loop_wakes.wake(*waiter)  # with the other streams' of the reader's pass
+            loop, future = waiter
+            with contextlib.suppress(RuntimeError):  # its loop closed: the reader is gone
+                loop.call_soon_threadsafe(_wake, future)
 
     def finish(self) -> None:
         """The run is over: a fallback for a reader still waiting, unless it ended."""
@@ -116,7 +117,7 @@ class LiveCall:
             self._waiter = (loop, future)
         # Timed out, the future is set as a wake-up sets it: a timer, 4 µs a wait here
         # where anyio's cancel scope took 16, for every batch of every stream.
-        timer = loop.call_later(timeout_s, loop_wakes.set_all, [future])
+        timer = loop.call_later(timeout_s, _wake, future)
         try:
             await future
         finally:
@@ -131,6 +132,11 @@ class LiveCall:
         items = list(self._items)
         self._items.clear()
         return items
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class LiveOutputs:
