@@ -19,9 +19,8 @@ threads. The mean is of time over tokens, each step's sums decayed by the next
 (``_DECAY``), and it stands only once it holds ``min_tokens`` generated tokens: a step
 that ends one long prompt makes one token for a whole prefill, and alone it would make
 a light model look heavy. A step of that many tokens or more then runs on ``wide``
-threads when the mean reaches
-``wide_ms_per_token``, else on ``narrow``, as every smaller step does. Measured on 2
-vCPUs, 76M model: ``bench/README.md``, "Wide steps".
+threads when the mean reaches ``wide_ms_per_token``, else on ``narrow``, as every
+smaller step does. Measured on 2 vCPUs, 76M model: ``bench/README.md``, "Wide steps".
 
 A step is timed on the generation thread's CPU clock, not the wall clock: a step that
 waited for a core or for the interpreter lock (the serving path's threads, or anything
