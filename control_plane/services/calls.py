@@ -470,15 +470,8 @@ def record_event(
     if ev.attempt != row.attempt:
         raise ConflictError(f"call {call_id} is on attempt {row.attempt}, not {ev.attempt}")
     if ev.kind == "started":
-        session.execute(
-            update(Call)
-            .where(
-                Call.id == call_id,
-                Call.attempt == ev.attempt,
-                Call.status.in_(("queued", "dispatched")),
-            )
-            .values(status="running")
-            .execution_options(synchronize_session=False)
+        session.connection().execute(
+            _started_statement(), {"call_id": call_id, "of_attempt": ev.attempt}
         )
         return False
     if ev.kind == "output":
@@ -534,6 +527,19 @@ def record_event(
             f"call {call_id} is already final or past attempt {ev.attempt}; stop sending for it"
         )
     return ended.queued_behind
+
+
+@functools.cache
+def _started_statement() -> Update:
+    """A start's guarded UPDATE, built once: a statement built per event costs its
+    building and keying again, more than its execution (every streamed call starts)."""
+    c = CALLS.c
+    where = (c.id == bindparam("call_id"), c.attempt == bindparam("of_attempt"))
+    return (
+        update(CALLS)
+        .where(*where, one_of(c.status, ("queued", "dispatched")))
+        .values(status="running")
+    )
 
 
 def _stop_routing_to(session: Session, replica_id: str | None) -> None:
@@ -616,34 +622,53 @@ def _add_outputs(
         {"call_id": row.id, "attempt": row.attempt, "seq": seq, "output_json": _canonical(out)}
         for seq, out in enumerate(outs, first_seq)
     ]
-    session.execute(_insert_new_outputs(session), rows)
+    connection = session.connection()
+    connection.execute(_insert_new_outputs(connection.dialect.name), rows)
     _note_output(session, metrics, now, row)  # idempotent: a repeat changes nothing
 
 
-def _insert_new_outputs(session: Session) -> Any:
-    """``INSERT ... ON CONFLICT (call_id, attempt, seq) DO NOTHING`` in the session's
-    dialect (SQLite or PostgreSQL): one statement instead of a read of the stored
+@functools.cache
+def _insert_new_outputs(dialect: str) -> Any:
+    """``INSERT ... ON CONFLICT (call_id, attempt, seq) DO NOTHING`` in ``dialect``
+    (SQLite or PostgreSQL), built once: one statement instead of a read of the stored
     places and an ORM bulk insert."""
     table = cast(Table, CallOutput.__table__)
     keys = ["call_id", "attempt", "seq"]
-    if session.get_bind().dialect.name == "postgresql":
+    if dialect == "postgresql":
         return postgresql.insert(table).on_conflict_do_nothing(index_elements=keys)
     return sqlite.insert(table).on_conflict_do_nothing(index_elements=keys)
 
 
 def _note_output(session: Session, metrics: Metrics | None, now: float, row: Call) -> None:
-    """The call has an output: its first-output time (once), and it is running."""
+    """The call has an output: its first-output time (once), and it is running. One
+    UPDATE of what changed, and ``row`` shows it (the ORM's flush of the same row
+    costs several times as much: a streamed call's first output passes here)."""
+    values: dict[str, Any] = {}
     if row.first_output_at is None:
-        row.first_output_at = now
         first_ms = (now - row.accepted_at) * 1000
-        row.timings_json = json.dumps({**json.loads(row.timings_json), "first_output": first_ms})
+        values["first_output_at"] = now
+        values["timings_json"] = json.dumps(
+            {**json.loads(row.timings_json), "first_output": first_ms}
+        )
         if metrics is not None:
             metrics.first_output_s.labels(row.function, str(row.cold).lower()).observe(
                 max(0.0, now - row.accepted_at)
             )
     if row.status in ("queued", "dispatched"):
-        row.status = "running"
-    session.flush()
+        values["status"] = "running"
+    if values:
+        params = {f"new_{k}": v for k, v in values.items()}
+        session.connection().execute(_call_update(tuple(values)), {"call_id": row.id, **params})
+        note_written(row, values)
+
+
+@functools.cache
+def _call_update(columns: tuple[str, ...]) -> Update:
+    """``UPDATE calls SET`` ``columns`` (from parameters ``new_<column>``) of call ``call_id``,
+    built once per set of columns."""
+    c = CALLS.c
+    values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in columns}
+    return update(CALLS).where(c.id == bindparam("call_id")).values(**values)
 
 
 def _add_output(
@@ -662,6 +687,7 @@ def _add_output(
     session.add(
         CallOutput(call_id=row.id, attempt=row.attempt, seq=seq, output_json=_canonical(out))
     )
+    session.flush()  # the chunk now: a repeat posted at the same moment fails here
     _note_output(session, metrics, now, row)
 
 
