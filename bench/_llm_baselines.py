@@ -329,6 +329,16 @@ def serve_blocks(model_dir: Path, sizes: dict[str, int]) -> int:
     return kv_blocks(AutoConfig.from_pretrained(model_dir), torch.float32, engine_sizes)
 
 
+# transformers' own command line, run by this interpreter: a venv's ``bin/transformers``
+# is not beside every interpreter that has the package (``pip --target`` on a GPU box).
+_TRANSFORMERS_CLI = (
+    sys.executable,
+    "-c",
+    "import sys; from transformers.cli.transformers import main; "
+    "sys.argv[0] = 'transformers'; sys.exit(main())",
+)
+
+
 @contextmanager
 def transformers_serve(
     model_dir: Path, sizes: dict[str, int], log_path: Path, device: str = "cpu"
@@ -337,9 +347,8 @@ def transformers_serve(
     with the engine's KV blocks and batch tokens (it has no sequence limit); its base
     URL. Raises RuntimeError with its log's tail when it does not come up."""
     port = _free_port()
-    cli = Path(sys.executable).with_name("transformers")
     cmd = [
-        str(cli), "serve", str(model_dir), "--continuous-batching", "--device", device,
+        *_TRANSFORMERS_CLI, "serve", str(model_dir), "--continuous-batching", "--device", device,
         "--dtype", "float32", "--attn-implementation", "sdpa",
         "--cb-num-blocks", str(serve_blocks(model_dir, sizes)),
         "--cb-max-batch-tokens", str(sizes["max_batch_tokens"]), "--cb-block-size", "64",

@@ -8,6 +8,9 @@
 #    the control plane, the LLM engine and function on CUDA);
 # 2. bench/llm.py --device cuda: thaw's OpenAI routes and the engine in-process
 #    at 1, 8 and 32 streams (the LLM cold start was measured; --skip cold);
+#    llm-baselines (only when named in STEPS): the same at 8 and 32 streams with
+#    sequential `generate` and `transformers serve` beside it, for the x generate and
+#    x serve ratios (its log alone comes back: OUT holds 8 files at most);
 # 3. bench/coldstart.py --device cuda on a 1.1 B-parameter Llama made here
 #    (random bf16 weights, 3 shards): naive against pool miss, pool hit and the
 #    RAM tier, with the phases;
@@ -92,6 +95,11 @@ find "$data/llm" -name '*.log' -newer "$out/env.log" 2>/dev/null | while read -r
   printf '\n--- %s\n' "$f"; tail -n 80 "$f"
 done >>"$out/llm.log"
 tail -n 40 "$out/llm.log"
+
+# thaw beside sequential generate and transformers serve on the same GPU, one run.
+step llm-baselines 220 python3 bench/llm.py --device cuda --streams 8,32 --rounds 2 \
+  --skip narrow,cold --ttft-trials 0 --data-dir "$data/llm"
+tail -n 30 "$out/llm-baselines.log"
 
 [[ -n $builder ]] && { wait "$builder"; tail -n 2 "$data/model.log"; }
 step coldstart 160 python3 bench/coldstart.py --model "$llama" --device cuda --trials 2 \
