@@ -77,9 +77,11 @@ def installation(
     max_streams: int,
     device: str = "cpu",
     narrow: bool = True,
+    server_processes: int = 1,
 ) -> Iterator[BenchStack]:
     """The private installation with its functions deployed and ``bench-llm`` ready
-    (``bench-llm-narrow`` too, unless ``narrow`` is false)."""
+    (``bench-llm-narrow`` too, unless ``narrow`` is false), its server run as
+    ``server_processes`` control-plane processes behind its port."""
     from snapshotter.manifest import ArtifactKind
     from snapshotter.push import push_directory
     from snapshotter.registry import Registry
@@ -98,6 +100,7 @@ def installation(
         "THAW_CACHE_DIR": str(root / "cache"),
         "THAW_RAM_TIER_DIR": str(tier),  # set, so no worker removes it: the bench does
         "THAW_RAM_TIER_MAX_BYTES": str(RAM_TIER_BYTES),
+        "THAW_SERVER_PROCESSES": str(server_processes),
     }
     with ExitStack() as cleanup:
         cleanup.callback(shutil.rmtree, tier, ignore_errors=True)

@@ -11,6 +11,8 @@
 #    llm-baselines (only when named in STEPS): the same at 8 and 32 streams with
 #    sequential `generate` and `transformers serve` beside it, for the x generate and
 #    x serve ratios (its log alone comes back: OUT holds 8 files at most);
+#    llm-servers (only when named): thaw at 8 and 32 streams with 4 control-plane
+#    processes, whose bursts' accepts run side by side on the machine's cores;
 # 3. bench/coldstart.py --device cuda on a 1.1 B-parameter Llama made here
 #    (random bf16 weights, 3 shards): naive against pool miss, pool hit and the
 #    RAM tier, with the phases;
@@ -100,6 +102,11 @@ tail -n 40 "$out/llm.log"
 step llm-baselines 220 python3 bench/llm.py --device cuda --streams 8,32 --rounds 2 \
   --skip narrow,cold --ttft-trials 0 --data-dir "$data/llm"
 tail -n 30 "$out/llm-baselines.log"
+
+# The same bursts with the server as 4 processes (THAW_SERVER_PROCESSES), engine beside.
+step llm-servers 150 python3 bench/llm.py --device cuda --streams 8,32 --rounds 3 \
+  --skip narrow,serve,generate,cold --ttft-trials 0 --server-processes 4 --data-dir "$data/llm"
+tail -n 20 "$out/llm-servers.log"
 
 [[ -n $builder ]] && { wait "$builder"; tail -n 2 "$data/model.log"; }
 step coldstart 160 python3 bench/coldstart.py --model "$llama" --device cuda --trials 2 \

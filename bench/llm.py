@@ -6,7 +6,8 @@ cold start from zero against a naive one. One model, one prompt set, one run.
                         [--rounds 3] [--cold-trials 3]
                         [--skip narrow,serve,generate,engine,cold]
                         [--max-num-seqs 32 --max-batch-tokens 512 --kv-cache-mb 256]
-                        [--slo-ttft-ms 500 --slo-tpot-ms 50] [--json -|PATH] [--markdown]
+                        [--slo-ttft-ms 500 --slo-tpot-ms 50] [--server-processes 1]
+                        [--json -|PATH] [--markdown]
     python bench/llm.py --url URL --function NAME [--key KEY] [--model DIR] ...
     thaw bench llm [--model DIR] ...     (the same, from a checkout)
 
@@ -405,8 +406,10 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
             assert model_dir is not None
             say(f"starting a private thaw with {model_dir} …")
             narrow = "narrow" not in args.skip
-            top = max(levels)
-            with installation(model_dir, Path(tmp), sizes, top, args.device, narrow) as stack:
+            private = installation(
+                model_dir, Path(tmp), sizes, max(levels), args.device, narrow, args.server_processes
+            )
+            with private as stack:
                 url, key = f"{stack.url}/openai/v1", stack.admin_key
                 groups = _cpu.stack_groups(stack)
                 cpu = None if groups is None else base.CpuSplit(groups)
@@ -492,6 +495,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-cache-mb", type=int, default=256)
     p.add_argument("--slo-ttft-ms", type=float, default=500.0)
     p.add_argument("--slo-tpot-ms", type=float, default=50.0)
+    p.add_argument(
+        "--server-processes",
+        type=int,
+        default=1,
+        help="the private thaw's control-plane processes (THAW_SERVER_PROCESSES): one takes a"
+        " burst's accepts in turn under its interpreter lock; a machine with cores to spare"
+        " takes them side by side",
+    )
     p.add_argument("--url", help="measure a running thaw instead of a private one")
     p.add_argument("--function", default="chat", help="with --url: the LLM function")
     p.add_argument("--key", default=os.environ.get("THAW_API_KEY"))
@@ -505,6 +516,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--streams takes numbers separated by commas, not {args.streams!r}")
     if not args.streams or min(args.streams) < 1 or args.rounds < 1 or args.max_tokens < 1:
         p.error("--streams, --rounds and --max-tokens must be positive")
+    if args.server_processes < 1:
+        p.error("--server-processes must be positive")
     if args.device == "cuda" and (why := no_cuda()) is not None:
         p.error(f"--device cuda: {why}")
     args.skip = {s for s in args.skip.split(",") if s}

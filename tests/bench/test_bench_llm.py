@@ -218,11 +218,13 @@ def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
         (["--streams", "0"], "must be positive"),
         (["--skip", "serve,warp"], "--skip takes"),
         (["--url", "http://x", "--key", ""], "needs an API key"),
+        (["--server-processes", "0"], "--server-processes must be positive"),
     ]:
         with pytest.raises(SystemExit):
             parse_args(argv)
         assert said in capsys.readouterr().err
     assert parse_args(["--skip", "serve,cold"]).skip == {"serve", "cold"}
+    assert parse_args(["--server-processes", "4"]).server_processes == 4
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
