@@ -24,6 +24,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import bindparam, delete, select
 from sqlalchemy.orm import Session
@@ -120,10 +121,15 @@ def for_call(
     draw: Callable[[], float] = random.random,
 ) -> ActiveVersion:
     """The version a new call of ``name`` is accepted on (one read of the function
-    and its canary; the version from ``versions``). Raises ``NotFoundError``."""
-    found = session.connection().execute(_FOR_CALL, {"name": name}).first()
+    and its canary per session: a burst's accepts, taken in one transaction, read it
+    once; each call draws its own version). Raises ``NotFoundError``."""
+    read: dict[str, Any] = session.info.setdefault("for_call", {})
+    found = read.get(name)
     if found is None:
-        raise NotFoundError(f"no function {name!r}; deploy it with `thaw deploy DIR`")
+        found = session.connection().execute(_FOR_CALL, {"name": name}).first()
+        if found is None:
+            raise NotFoundError(f"no function {name!r}; deploy it with `thaw deploy DIR`")
+        read[name] = found
     fn_id, created_at, active, canary_version, weight_pct, started_at = found
     if active is None:
         raise NotFoundError(f"function {name} has no active version; deploy it")

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import event
 from sqlalchemy.exc import OperationalError
 
 from control_plane.services.invocations import MAX_ACCEPTS_AT_ONCE, Invocations
@@ -143,3 +144,31 @@ def test_a_batch_whose_transaction_fails_is_accepted_again_one_by_one(
     )  # the rolled-back batch left no call behind, and none ran twice
     assert all(c["status"] == "succeeded" for c in listed)
     assert sorted(_runs(cp)) == sorted(c["call_id"] for c in listed)
+
+
+def test_a_batch_reads_its_function_once_for_all_its_calls(
+    cp: ControlPlane, held: Callable[[int], HeldBatches]
+) -> None:
+    cp.worker()
+    cp.deploy("echo")
+    _warm(cp)
+    inv: Invocations = cp.app.state.invocations
+    reads: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        # the read of the version a call is accepted on (``canary.for_call``); the
+        # reconciler reads functions too, on its own thread
+        if statement.startswith("SELECT functions.id, functions.created_at, functions.active"):
+            reads.append(statement)
+
+    requests = [("echo", {"input": {"n": i}}, None) for i in range(9)]
+    recorder = held(len(requests) - 1)
+    event.listen(inv.s.db.engine, "before_cursor_execute", seen)
+    try:
+        answers = _burst(cp, requests)
+    finally:
+        event.remove(inv.s.db.engine, "before_cursor_execute", seen)
+
+    assert [r.status_code for r in answers] == [200] * len(requests), [r.text for r in answers]
+    assert max(recorder.sizes) > 1, recorder.sizes
+    assert 1 <= len(reads) <= len(recorder.sizes) < len(requests)  # a read a batch, not a call
