@@ -640,9 +640,11 @@ def _insert_new_outputs(dialect: str) -> Any:
 
 
 def _note_output(session: Session, metrics: Metrics | None, now: float, row: Call) -> None:
-    """The call has an output: its first-output time (once), and it is running. One
-    UPDATE of what changed, and ``row`` shows it (the ORM's flush of the same row
-    costs several times as much: a streamed call's first output passes here)."""
+    """The call has an output: its first-output time (once), and it is running, unless
+    it ended meanwhile: ``row`` is as the run last saw it (a call cancelled since, its
+    client gone, keeps its end; the database says, not the row). One UPDATE of what
+    changed, and ``row`` shows what it wrote (the ORM's flush of the same row costs
+    several times as much: a streamed call's first output passes here)."""
     values: dict[str, Any] = {}
     if row.first_output_at is None:
         first_ms = (now - row.accepted_at) * 1000
@@ -654,21 +656,28 @@ def _note_output(session: Session, metrics: Metrics | None, now: float, row: Cal
             metrics.first_output_s.labels(row.function, str(row.cold).lower()).observe(
                 max(0.0, now - row.accepted_at)
             )
-    if row.status in ("queued", "dispatched"):
-        values["status"] = "running"
-    if values:
-        params = {f"new_{k}": v for k, v in values.items()}
-        session.connection().execute(_call_update(tuple(values)), {"call_id": row.id, **params})
-        note_written(row, values)
+    running = row.status in ("queued", "dispatched")
+    if not values and not running:
+        return
+    params = {f"new_{k}": v for k, v in values.items()}
+    stmt = _output_noted(tuple(values), running)
+    status = session.connection().execute(stmt, {"call_id": row.id, **params}).scalar()
+    if status is not None:
+        values["status"] = status
+    note_written(row, values)
 
 
 @functools.cache
-def _call_update(columns: tuple[str, ...]) -> Update:
-    """``UPDATE calls SET`` ``columns`` (from parameters ``new_<column>``) of call ``call_id``,
-    built once per set of columns."""
+def _output_noted(columns: tuple[str, ...], running: bool) -> Update:
+    """``UPDATE calls SET`` ``columns`` (from parameters ``new_<column>``) of call
+    ``call_id``; with ``running``, its status ``running`` if it was waiting (queued or
+    dispatched), else as it was; returning its status. Built once per shape."""
     c = CALLS.c
     values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in columns}
-    return update(CALLS).where(c.id == bindparam("call_id")).values(**values)
+    if running:
+        waiting = one_of(c.status, ("queued", "dispatched"))
+        values["status"] = case((waiting, "running"), else_=c.status)
+    return update(CALLS).where(c.id == bindparam("call_id")).values(**values).returning(c.status)
 
 
 def _add_output(

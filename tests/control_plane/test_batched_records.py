@@ -129,3 +129,21 @@ def test_a_batch_of_records_whose_transaction_fails_is_made_again_one_by_one(
     assert failed.is_set() and max(recorder.sizes) >= 3, recorder.sizes
     assert [v.output for v in views] == [{"echo": c} for c in ids]
     assert _ended(services) == {c: {"echo": c} for c in ids}  # each recorded, once
+
+
+def test_a_call_that_ended_while_its_first_output_was_on_its_way_stays_ended(
+    services: Services, runner: DirectRunner
+) -> None:
+    claim = claim_of(services, "c1")  # its row as dispatched, kept by the run
+    with services.db.session() as session:  # its client left: cancelled meanwhile
+        calls.cancel(session, services.metrics, services.clock(), "c1")
+    first = [CallEvent(kind="started"), CallEvent(kind="output", seq=1, outputs=["a"])]
+
+    runner._record_events("f", "c1", first, claim.row)  # the first output, recorded late
+    end = CallEvent(kind="succeeded", output={"echo": "c1"})
+    late_end = runner._record_events("f", "c1", [end], claim.row)  # as the run records it
+
+    assert late_end is None  # the first end stands
+    with services.db.session() as session:
+        view = calls.get(session, "c1")
+    assert view.status == "cancelled" and view.output is None, view
