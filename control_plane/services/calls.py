@@ -48,6 +48,7 @@ from snapshotter.registry import Registry
 # The calls table, for Core statements on the hot path: an ORM-enabled UPDATE
 # costs about three times as much to run, for nothing a guarded one needs.
 CALLS = cast(Table, Call.__table__)
+BEFORE_RUNNING = ("queued", "dispatched")  # a call's states before it runs
 
 
 @dataclass(frozen=True)
@@ -470,9 +471,7 @@ def record_event(
     if ev.attempt != row.attempt:
         raise ConflictError(f"call {call_id} is on attempt {row.attempt}, not {ev.attempt}")
     if ev.kind == "started":
-        session.connection().execute(
-            _started_statement(), {"call_id": call_id, "of_attempt": ev.attempt}
-        )
+        session.connection().execute(_STARTED, {"call_id": call_id, "of_attempt": ev.attempt})
         return False
     if ev.kind == "output":
         if ev.seq is None:  # an older worker: each chunk after the last one
@@ -529,17 +528,17 @@ def record_event(
     return ended.queued_behind
 
 
-@functools.cache
-def _started_statement() -> Update:
-    """A start's guarded UPDATE, built once: a statement built per event costs its
-    building and keying again, more than its execution (every streamed call starts)."""
-    c = CALLS.c
-    where = (c.id == bindparam("call_id"), c.attempt == bindparam("of_attempt"))
-    return (
-        update(CALLS)
-        .where(*where, one_of(c.status, ("queued", "dispatched")))
-        .values(status="running")
+# A start's guarded UPDATE, built once: a statement built per event costs its building
+# and keying again, more than its execution (every streamed call starts).
+_STARTED = (
+    update(CALLS)
+    .where(
+        CALLS.c.id == bindparam("call_id"),
+        CALLS.c.attempt == bindparam("of_attempt"),
+        one_of(CALLS.c.status, BEFORE_RUNNING),
     )
+    .values(status="running")
+)
 
 
 def _stop_routing_to(session: Session, replica_id: str | None) -> None:
@@ -656,7 +655,7 @@ def _note_output(session: Session, metrics: Metrics | None, now: float, row: Cal
             metrics.first_output_s.labels(row.function, str(row.cold).lower()).observe(
                 max(0.0, now - row.accepted_at)
             )
-    running = row.status in ("queued", "dispatched")
+    running = row.status in BEFORE_RUNNING
     if not values and not running:
         return
     params = {f"new_{k}": v for k, v in values.items()}
@@ -675,8 +674,7 @@ def _output_noted(columns: tuple[str, ...], running: bool) -> Update:
     c = CALLS.c
     values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in columns}
     if running:
-        waiting = one_of(c.status, ("queued", "dispatched"))
-        values["status"] = case((waiting, "running"), else_=c.status)
+        values["status"] = case((one_of(c.status, BEFORE_RUNNING), "running"), else_=c.status)
     return update(CALLS).where(c.id == bindparam("call_id")).values(**values).returning(c.status)
 
 
