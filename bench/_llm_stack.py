@@ -7,9 +7,11 @@ with three LLM functions on the model:
 
     bench-llm        one replica kept warm, taking every stream (its engine queues past
                      ``max_num_seqs``, as the in-process engine does): the stream levels
-    bench-llm-narrow the same with wide steps off (``wide_step_ms_per_token = 0``: every
-                     step on the replica's own threads, ``worker.llm.threads``), its
-                     levels beside bench-llm's
+    bench-llm-narrow the same with its off switch: on a CPU wide steps off
+                     (``wide_step_ms_per_token = 0``: every step on the replica's own
+                     threads, ``worker.llm.threads``), on a GPU CUDA graphs off
+                     (``cuda_graphs = false``: every step eager); its levels beside
+                     bench-llm's
     bench-llm-cold   scaled to zero after 2 s idle: the cold starts
 
 A thaw cold start is ``POST /openai/v1/completions`` (streamed, one token) on the
@@ -69,6 +71,11 @@ def _spec(
     }
 
 
+def off_switch(device: str) -> dict[str, Any]:
+    """The ``[llm]`` setting ``bench-llm-narrow`` turns off on ``device``."""
+    return {"cuda_graphs": False} if device == "cuda" else {"wide_step_ms_per_token": 0.0}
+
+
 @contextmanager
 def installation(
     model_dir: Path,
@@ -109,7 +116,7 @@ def installation(
         warm["idle_timeout_s"] = 3600
         stack.deploy(_spec(FUNCTION, bundle.digest, sizes, warm, device))
         if narrow:
-            off = {"wide_step_ms_per_token": 0.0}
+            off = off_switch(device)
             stack.deploy(_spec(NARROW_FUNCTION, bundle.digest, sizes, warm, device, **off))
         cold = {"min_replicas": 0, "max_replicas": 1, "idle_timeout_s": 2}
         stack.deploy(_spec(COLD_FUNCTION, bundle.digest, sizes, cold, device))

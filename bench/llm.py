@@ -17,12 +17,14 @@ locally, random weights; ``--quick``: the tiny one). thaw runs as a private
 installation (``bench._llm_stack``): the model pushed to a scratch store and served
 as an LLM function with the sizes given, which the in-process engine gets too. With
 ``--url`` the function NAME of a running thaw is measured instead (no cold starts;
-``--model`` then adds the baselines on that directory). thaw also runs with its wide
-steps off (``worker.llm.threads``: every engine step on the replica's own threads), a
-second function on the same worker; the engine in this process is loaded beside
-thaw's replicas (the model twice in memory), and a round of each of the three runs
-in turn, so the machine's drift (±30% between runs on a shared VM) hits all alike.
-What thaw's idle processes take from the engine meanwhile is shown, in cores.
+``--model`` then adds the baselines on that directory). thaw also runs with its off
+switch, a second function on the same worker: on a CPU its wide steps off
+(``worker.llm.threads``: every engine step on the replica's own threads), on a GPU its
+CUDA graphs off (``worker.llm.engine``: every step eager); the engine in this
+process is loaded beside thaw's replicas (the model twice in memory), and a round of
+each of the three runs in turn, so the machine's drift (±30% between runs on a shared
+VM) hits all alike. What thaw's idle processes take from the engine meanwhile is
+shown, in cores.
 
 TTFT at one stream is also read apart (``--ttft-trials``, 4-token completions): thaw
 through a raw HTTP/1.1 reader and through the ``openai`` SDK, and the engine in this
@@ -75,13 +77,14 @@ from bench._common import write_json as write_json_doc
 
 THAW = "thaw (OpenAI routes)"
 THAW_NARROW = "thaw, wide steps off"  # its off switch: every step on the replica's threads
+THAW_EAGER = "thaw, CUDA graphs off"  # its off switch on a GPU: every step eager
 ENGINE = "engine in-process"
 GENERATE = "sequential generate"
 SERVE = "transformers serve"
 SKIPPABLE = ("narrow", "serve", "generate", "engine", "cold")
 # Who reads the OpenAI routes' streams (``--client``), as the tables name it.
 CLIENTS = {base.RAW: "raw HTTP reader", base.SDK: "openai SDK"}
-MODES = (THAW, THAW_NARROW, ENGINE, GENERATE, SERVE)  # the tables' order
+MODES = (THAW, THAW_NARROW, THAW_EAGER, ENGINE, GENERATE, SERVE)  # the tables' order
 
 
 def level_row(
@@ -125,7 +128,7 @@ def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by = {(r["mode"], r["streams"]): r for r in rows}
     out = []
     for r in rows:
-        if r["mode"] in (THAW, THAW_NARROW):
+        if r["mode"] in (THAW, THAW_NARROW, THAW_EAGER):
             r = dict(r)
             baselines = (("vs_engine", ENGINE), ("vs_generate", GENERATE), ("vs_serve", SERVE))
             for key, mode in baselines:
@@ -421,7 +424,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                 )
                 results[THAW] = taken.thaw
                 if taken.wide_off is not None:
-                    results[THAW_NARROW] = taken.wide_off
+                    off = THAW_EAGER if args.device == "cuda" else THAW_NARROW
+                    results[off] = taken.wide_off
                 if taken.engine is not None:
                     results[ENGINE] = taken.engine
                 idle_cpu = taken.idle_cpu

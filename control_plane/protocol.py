@@ -143,6 +143,10 @@ class LLMOptions(BaseModel):
     # On a CPU: a step whose time per generated token (on the replica's own threads)
     # reaches this runs on every core the replica may use (worker.llm.threads); 0: never.
     wide_step_ms_per_token: float = Field(default=3.0, ge=0, le=1e6)
+    # On a GPU: each engine step replays a CUDA graph (worker.llm.engine); a model whose
+    # forward cannot be captured runs eagerly, as every model does with this off. Off
+    # with adapters: a graph keeps the adapter it was captured with.
+    cuda_graphs: bool = True
 
 
 #: The most inter-token gaps one call reports (a longer completion reports its first).

@@ -63,6 +63,7 @@ model's files) on a continuous-batching engine, behind the OpenAI routes
     context_length = 2048          # default: the model's max_position_embeddings
     max_tokens_limit = 4096        # the most tokens one call may ask for
     wide_step_ms_per_token = 3.0   # CPU: a step this slow per token takes every core
+    cuda_graphs = true             # GPU: steps replay CUDA graphs (off with adapters)
 """
 
 from __future__ import annotations

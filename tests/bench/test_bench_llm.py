@@ -24,6 +24,7 @@ from bench.llm import (
     GENERATE,
     SERVE,
     THAW,
+    THAW_EAGER,
     THAW_NARROW,
     check_model_dir,
     cold_table,
@@ -168,6 +169,25 @@ def test_thaw_rows_get_ratios_to_each_baseline_and_the_ttft_it_adds() -> None:
     shown = streams_table(rows, "t").rows  # thaw first, its off switch next
     assert [r[0] for r in shown] == [THAW, THAW_NARROW, ENGINE, GENERATE, SERVE]
     assert shown[0][-4:] == ["0.90", "6.00", "2.00", "20.0"]
+
+
+def test_the_off_switch_function_turns_off_wide_steps_on_a_cpu_and_graphs_on_a_gpu() -> None:
+    from bench._llm_stack import off_switch
+    from control_plane.protocol import LLMOptions
+
+    assert LLMOptions(**off_switch("cpu")).wide_step_ms_per_token == 0
+    on_gpu = LLMOptions(**off_switch("cuda"))
+    assert (
+        not on_gpu.cuda_graphs
+        and on_gpu.wide_step_ms_per_token == LLMOptions().wide_step_ms_per_token
+    )
+    rows = with_ratios(
+        [
+            {"mode": m, "streams": 8, "tokens_per_s": t, "ttft_p50_ms": 10.0, "ttft_p99_ms": 12.0}
+            for m, t in ((ENGINE, 100.0), (THAW_EAGER, 40.0))
+        ]
+    )
+    assert rows[1]["vs_engine"] == pytest.approx(0.4)
 
 
 def test_ttft_at_one_stream_is_read_apart_by_client_over_the_engines() -> None:

@@ -89,6 +89,8 @@ class LLMReplica:
             # Cached prefix blocks are keyed by tokens alone: with adapters, the same
             # tokens hold other keys and values per adapter, so none are shared.
             share_prefixes=not self.adapters,
+            # A captured graph runs the adapter layers it was captured with.
+            cuda_graphs=options.cuda_graphs and not self.adapters,
         )
         base = model.get_base_model() if self.adapters else model
         threads = None

@@ -1,19 +1,31 @@
-"""The LLM engine and function on a GPU (skipped without one): in a batch on CUDA, greedy
-tokens equal ``model.generate`` alone on the same device, and the function built from a
-CUDA Context answers a call, an adapter's included."""
+"""The LLM engine and function on a GPU (skipped without one): in a batch on CUDA, its
+steps replaying CUDA graphs, greedy tokens equal ``model.generate`` alone on the same
+device and a seed gives the same tokens alone and in a busy batch; a model whose forward
+cannot be captured runs eagerly; and the function built from a CUDA Context answers a
+call, an adapter's included (eagerly: a graph keeps the adapter it was captured with)."""
 
 from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from control_plane.protocol import LLMOptions
 from examples.build_model import build_adapter, build_model
-from tests.worker.llm.test_engine import EOS, VOCAB, generate_alone, run_to_end, tiny_llama
+from tests.worker.llm import test_engine as on_cpu
+from tests.worker.llm.test_engine import (
+    EOS,
+    VOCAB,
+    generate_alone,
+    run_to_end,
+    tiny_llama,
+)
 from tests.worker.llm.test_function import tensors_of
 from worker.llm.engine import Engine, EngineSizes, Sampling
 from worker.llm.function import LLMFunction
@@ -36,11 +48,60 @@ def test_a_batch_on_cuda_gives_the_tokens_of_generate_alone() -> None:
         return run_to_end(engine, prompt, Sampling(max_new_tokens=16))[0]
 
     try:
+        assert engine.cuda_graphs
         with ThreadPoolExecutor(len(prompts)) as pool:
             results = list(pool.map(run, prompts))
     finally:
         engine.close()
     assert results == [generate_alone(model, p, 16) for p in prompts]
+
+
+def test_graphed_and_eager_steps_on_cuda_give_the_same_greedy_tokens() -> None:
+    model = tiny_llama().to("cuda")
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (4, 11, 40, 70)]
+    results = []
+    for graphs in (True, False):
+        sizes = EngineSizes(max_num_seqs=8, max_batch_tokens=256, kv_cache_bytes=4 << 20)
+        engine = Engine(model, replace(sizes, cuda_graphs=graphs), eos_token_ids=[EOS])
+        try:
+            assert engine.cuda_graphs is graphs
+            run = partial(run_to_end, engine, sampling=Sampling(24))
+            with ThreadPoolExecutor(len(prompts)) as pool:
+                results.append([tokens for tokens, _ in pool.map(run, prompts)])
+        finally:
+            engine.close()
+    assert results[0] == results[1]
+
+
+def test_a_seed_on_graphed_cuda_steps_gives_the_same_tokens_alone_and_in_a_busy_batch() -> None:
+    model = tiny_llama().to("cuda")
+    sizes = EngineSizes(max_num_seqs=8, max_batch_tokens=256, kv_cache_bytes=4 << 20)
+    engine = Engine(model, sizes, eos_token_ids=[EOS])
+    try:
+        assert engine.cuda_graphs
+        on_cpu.test_a_seed_gives_the_same_tokens_alone_and_in_a_busy_batch(model, engine)
+    finally:
+        engine.close()
+
+
+def test_a_model_whose_forward_cannot_be_captured_runs_eagerly_on_cuda() -> None:
+    model = tiny_llama().to("cuda")
+
+    def host_sync(module: Any, args: Any, output: Any) -> None:
+        hidden = output if isinstance(output, torch.Tensor) else output[0]
+        hidden.sum().item()  # a copy to the host: not allowed while a graph is captured
+
+    hook = model.model.layers[0].register_forward_hook(host_sync)
+    sizes = EngineSizes(max_num_seqs=4, max_batch_tokens=128, kv_cache_bytes=1 << 20)
+    engine = Engine(model, sizes, eos_token_ids=[EOS])
+    try:
+        assert not engine.cuda_graphs
+        prompt = [5, 9, 33, 61, 100]
+        assert run_to_end(engine, prompt, Sampling(12))[0] == generate_alone(model, prompt, 12)
+    finally:
+        engine.close()
+        hook.remove()
 
 
 def test_the_llm_function_answers_on_cuda(tmp_path: Path) -> None:
@@ -57,6 +118,7 @@ def test_the_llm_function_answers_on_cuda(tmp_path: Path) -> None:
     fn = LLMFunction(LLMOptions(max_num_seqs=4, kv_cache_mb=2, max_tokens_limit=64))
     fn.setup(ctx)
     try:
+        assert not fn.llm.engine.cuda_graphs  # with adapters
         for adapter in (None, "pirate"):
             call = CallContext("c1", adapter=adapter, stream=False)
             out = fn({"prompt": "Hello", "max_tokens": 8, "temperature": 0}, call)

@@ -354,3 +354,72 @@ def test_a_cancelled_pushed_request_gets_nothing_more(model: Any) -> None:
         assert not any(isinstance(s, TokenStep) and s.finished for s in got)
     finally:
         engine.close()
+
+
+def test_steps_run_eagerly_off_a_gpu_whatever_the_setting(model: Any, engine: Engine) -> None:
+    assert engine.sizes.cuda_graphs and not engine.cuda_graphs  # the CPU has no graphs
+
+
+def test_a_model_that_fails_the_graph_probe_runs_eagerly_and_answers(
+    model: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where graphs are tried (``can_graph``: a CUDA device), the start's probe request
+    fails on a model whose forward cannot be captured; the engine then starts again
+    eagerly. Here graphs are tried on the CPU, where transformers runs the steps eagerly
+    anyway, and the model's forward fails, as a capture would, while they are asked for."""
+    import worker.llm.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "can_graph", lambda m: True)
+    configs: list[Any] = []  # what each manager was asked for, the latest last
+    init = model.init_continuous_batching
+
+    def recorded(**kwargs: Any) -> Any:
+        configs.append(kwargs["continuous_batching_config"])
+        return init(**kwargs)
+
+    monkeypatch.setattr(model, "init_continuous_batching", recorded)
+    failed: list[int] = []
+
+    def fail_under_graphs(module: Any, args: Any) -> None:
+        if configs[-1].use_cuda_graph:
+            failed.append(1)
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    hook = model.model.layers[0].register_forward_pre_hook(fail_under_graphs)
+    sizes = EngineSizes(max_num_seqs=4, max_batch_tokens=128, kv_cache_bytes=1 << 20)
+    try:
+        with caplog.at_level("WARNING", logger="worker.llm.engine"):
+            engine = Engine(model, sizes, eos_token_ids=[EOS])
+    finally:
+        hook.remove()
+    try:
+        assert failed and len(configs) == 2  # the probe ran into it; then an eager start
+        assert not engine.cuda_graphs and configs[-1].use_cuda_graph is False
+        assert "cannot run as CUDA graphs" in caplog.text and "stream is capturing" in caplog.text
+        prompt = _prompts()[2]
+        tokens, _ = run_to_end(engine, prompt, Sampling(max_new_tokens=12))
+        assert tokens == generate_alone(model, prompt, 12)
+    finally:
+        engine.close()
+
+
+def test_a_model_that_passes_the_graph_probe_keeps_its_graphs(
+    model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import worker.llm.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "can_graph", lambda m: True)
+    sizes = EngineSizes(max_num_seqs=4, max_batch_tokens=128, kv_cache_bytes=1 << 20)
+    engine = Engine(model, sizes, eos_token_ids=[EOS])
+    try:
+        assert engine.cuda_graphs
+        config = engine._manager.continuous_batching_config
+        assert config.q_padding_interval_size == engine_module.GRAPH_Q_TOKENS
+        assert config.kv_padding_interval_size == engine_module.GRAPH_KV_TOKENS  # a small cache
+        assert not config.use_async_batching
+        prompt = _prompts()[3]
+        assert run_to_end(engine, prompt, Sampling(max_new_tokens=8))[0] == generate_alone(
+            model, prompt, 8
+        )
+    finally:
+        engine.close()
