@@ -397,21 +397,27 @@ def load(model_dir: Path, device: str = "cpu") -> tuple[Any, Any]:
     return model.to(device), tokenizer
 
 
-def _eos(model: Any) -> list[int]:
+def eos_ids(model: Any) -> list[int]:
     eos = model.config.eos_token_id
     return [eos] if isinstance(eos, int) else list(eos or [])
 
 
-def make_engine(model: Any, sizes: dict[str, int]) -> Any:
-    """``worker.llm.engine.Engine`` over ``model`` with the bench's sizes."""
-    from worker.llm.engine import Engine, EngineSizes
+def engine_sizes(sizes: dict[str, int]) -> Any:
+    """The bench's sizes as ``worker.llm.engine.EngineSizes``."""
+    from worker.llm.engine import EngineSizes
 
-    engine_sizes = EngineSizes(
+    return EngineSizes(
         max_num_seqs=sizes["max_num_seqs"],
         max_batch_tokens=sizes["max_batch_tokens"],
         kv_cache_bytes=sizes["kv_cache_mb"] << 20,
     )
-    return Engine(model, engine_sizes, eos_token_ids=_eos(model))
+
+
+def make_engine(model: Any, sizes: dict[str, int]) -> Any:
+    """``worker.llm.engine.Engine`` over ``model`` with the bench's sizes."""
+    from worker.llm.engine import Engine
+
+    return Engine(model, engine_sizes(sizes), eos_token_ids=eos_ids(model))
 
 
 @dataclass
@@ -509,7 +515,7 @@ def generate_levels(
     import torch
 
     model, tokenizer = load(model_dir, device)
-    eos = _eos(model)
+    eos = eos_ids(model)
 
     def level(streams: int, n: int) -> Level:
         t0 = time.perf_counter()

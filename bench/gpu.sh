@@ -7,7 +7,11 @@
 #    the zygote, the RAM tier registered as pinned memory, a CUDA function through
 #    the control plane, the LLM engine and function on CUDA);
 # 2. bench/llm.py --device cuda: thaw's OpenAI routes and the engine in-process
-#    at 1, 8 and 32 streams (the LLM cold start was measured; --skip cold);
+#    at 1, 8 and 32 streams, and thaw with CUDA graphs off, its off switch (the LLM
+#    cold start was measured; --skip cold);
+#    llm-graphs (only when named): bench/llm_graphs.py, the engine in-process at 8 and
+#    32 streams eager, with transformers' graph padding, thaw's, and thaw's with the
+#    next step prepared ahead;
 #    llm-baselines (only when named in STEPS): the same at 8 and 32 streams with
 #    sequential `generate` and `transformers serve` beside it, for the x generate and
 #    x serve ratios (its log alone comes back: OUT holds 8 files at most);
@@ -97,6 +101,11 @@ find "$data/llm" -name '*.log' -newer "$out/env.log" 2>/dev/null | while read -r
   printf '\n--- %s\n' "$f"; tail -n 80 "$f"
 done >>"$out/llm.log"
 tail -n 40 "$out/llm.log"
+
+# The engine's CUDA graph settings, side by side in one process.
+step llm-graphs 150 python3 bench/llm_graphs.py --device cuda --streams 8,32 --rounds 5 \
+  --data-dir "$data/llm"
+tail -n 16 "$out/llm-graphs.log"
 
 # thaw beside sequential generate and transformers serve on the same GPU, one run.
 step llm-baselines 220 python3 bench/llm.py --device cuda --streams 8,32 --rounds 2 \

@@ -1,0 +1,216 @@
+"""The LLM engine's CUDA graph settings, side by side on one model in this process:
+
+    python bench/llm_graphs.py [--model DIR] [--quick] [--streams 8,32] [--rounds 5]
+                               [--settings eager,transformers,thaw,thaw-ahead]
+                               [--device cuda] [--json -|PATH]
+
+Each setting is the engine thaw's LLM functions run (``worker.llm.engine.Engine``, its
+sizes as bench/llm.py's), started afresh on the model:
+
+    eager         ``cuda_graphs`` off: every step launches its kernels one by one
+    transformers  graphs at transformers' own padding (queries to 64 tokens, keys and
+                  values to 16,384): what ``use_cuda_graph=True`` alone gives
+    thaw          thaw's setting (the default): graphs, queries padded to 16 tokens,
+                  keys to 256 or 1/32 of the cache
+    thaw-ahead    thaw's, with the next step prepared while one runs
+                  (``use_async_batching``)
+
+At each level, ``streams`` seeded requests (temperature 1, 64 tokens) at once, a thread
+each, as bench/llm.py's engine mode; a level's first two rounds capture the shapes it
+meets and are not counted (``--rounds`` counts them), the figures are the medians of
+the rest. Four greedy prompts are run first under each setting; the table says whether
+their tokens equal the first setting's. Needs a CUDA device for every setting but
+``eager`` (graphs are CUDA's); ``--device cpu`` runs them all eagerly, as a check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rich.console import Console
+
+from bench import _llm_baselines as base
+from bench._common import (
+    Column,
+    TableSpec,
+    machine_description,
+    no_cuda,
+    render_table,
+    write_json,
+)
+
+SETTINGS = ("eager", "transformers", "thaw", "thaw-ahead")
+UNCOUNTED_ROUNDS = 2  # a level's first rounds capture the shapes it meets
+GREEDY_TOKENS = 24
+
+
+@contextmanager
+def transformers_config(**overrides: Any) -> Iterator[None]:
+    """``ContinuousBatchingConfig`` built with ``overrides`` over what the engine asks."""
+    import transformers.generation as generation
+
+    made = generation.ContinuousBatchingConfig
+
+    def config(**kwargs: Any) -> Any:
+        return made(**{**kwargs, **overrides})
+
+    generation.ContinuousBatchingConfig = config  # type: ignore[misc,assignment]
+    try:
+        yield
+    finally:
+        generation.ContinuousBatchingConfig = made  # type: ignore[misc]
+
+
+def overrides_of(setting: str, device: str) -> dict[str, Any]:
+    """What ``setting`` changes in the engine's transformers config on ``device``."""
+    if setting == "transformers":
+        return {"q_padding_interval_size": 0, "kv_padding_interval_size": 0}
+    if setting == "thaw-ahead":  # transformers prepares a step ahead on CUDA only
+        return {"use_async_batching": device == "cuda"}
+    return {}
+
+
+def run_setting(
+    setting: str, model: Any, tokenizer: Any, sizes: dict[str, int], args: argparse.Namespace
+) -> dict[str, Any]:
+    from worker.llm.engine import Engine, Sampling
+
+    engine_sizes = replace(base.engine_sizes(sizes), cuda_graphs=setting != "eager")
+    with transformers_config(**overrides_of(setting, args.device)):
+        engine = Engine(model, engine_sizes, eos_token_ids=base.eos_ids(model))
+    try:
+        ran = base.InProcess(engine, tokenizer, [tokenizer(p)["input_ids"] for p in base.PROMPTS])
+        greedy = [
+            [t for step in engine.generate(ids, Sampling(GREEDY_TOKENS)) for t in step.token_ids]
+            for ids in ran.ids[:4]
+        ]
+        levels = []
+        for streams in args.streams:
+            rounds = [ran.level(streams, args.max_tokens) for _ in range(args.rounds)]
+            counted = rounds[UNCOUNTED_ROUNDS:] or rounds[-1:]
+            levels.append(
+                {
+                    "streams": streams,
+                    "tokens_per_s": statistics.median(_tokens_per_s(r) for r in counted),
+                    "ttft_p50_ms": statistics.median(_p50(r, "ttft_s") for r in counted),
+                    "tpot_p50_ms": statistics.median(_p50(r, "tpot_s") for r in counted),
+                }
+            )
+        return {
+            "setting": setting,
+            "graphs": engine.cuda_graphs,
+            "greedy": greedy,
+            "levels": levels,
+        }
+    finally:
+        engine.close()
+
+
+def _tokens_per_s(level: base.Level) -> float:
+    span = max(t.end_s for t in level) - min(t.sent_s for t in level)
+    return sum(t.tokens for t in level) / span
+
+
+def _p50(level: base.Level, field: str) -> float:
+    values = [getattr(t, field) for t in level]
+    return statistics.median(v for v in values if v is not None) * 1000
+
+
+def table(results: list[dict[str, Any]], title: str) -> TableSpec:
+    first = results[0]
+    eager = {
+        lv["streams"]: lv["tokens_per_s"]
+        for r in results
+        if r["setting"] == "eager"
+        for lv in r["levels"]
+    }
+    heads = [
+        "setting",
+        "graphs",
+        "streams",
+        "tokens/s",
+        "x eager",
+        "TTFT p50 ms",
+        "TPOT p50 ms",
+        "greedy as " + first["setting"],
+    ]
+    body = []
+    for r in results:
+        same = "yes" if r["greedy"] == first["greedy"] else "NO"
+        for lv in r["levels"]:
+            ratio = lv["tokens_per_s"] / eager[lv["streams"]] if lv["streams"] in eager else None
+            body.append(
+                [
+                    r["setting"],
+                    "on" if r["graphs"] else "off",
+                    str(lv["streams"]),
+                    f"{lv['tokens_per_s']:.1f}",
+                    "-" if ratio is None else f"{ratio:.2f}",
+                    f"{lv['ttft_p50_ms']:.1f}",
+                    f"{lv['tpot_p50_ms']:.2f}",
+                    same,
+                ]
+            )
+    return TableSpec(title, [Column(h) for h in heads], body)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", help="a model directory (default: the bench's example model)")
+    p.add_argument("--quick", action="store_true", help="the tiny example model")
+    p.add_argument("--streams", default="8,32")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--settings", default=",".join(SETTINGS))
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--max-batch-tokens", type=int, default=512)
+    p.add_argument("--kv-cache-mb", type=int, default=256)
+    p.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parent / ".data")
+    p.add_argument("--json", dest="json_out", help="also write the figures as JSON (- for stdout)")
+    args = p.parse_args(argv)
+    args.streams = [int(s) for s in args.streams.split(",")]
+    settings = args.settings.split(",")
+    if unknown := sorted(set(settings) - set(SETTINGS)):
+        p.error(f"--settings: unknown {', '.join(unknown)} (of {', '.join(SETTINGS)})")
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    if args.device == "cuda" and (why := no_cuda()) is not None:
+        p.error(f"--device cuda: {why}")
+    if args.model is not None:
+        model_dir = Path(args.model)
+    else:
+        from bench._coldstart_setup import FULL_MODEL, QUICK_MODEL, ensure_example
+
+        size = QUICK_MODEL if args.quick else FULL_MODEL
+        model_dir = ensure_example(args.data_dir, size)["model"]
+    sizes = {
+        "max_num_seqs": args.max_num_seqs,
+        "max_batch_tokens": args.max_batch_tokens,
+        "kv_cache_mb": args.kv_cache_mb,
+    }
+    model, tokenizer = base.load(model_dir, args.device)
+    results = []
+    for setting in settings:
+        results.append(run_setting(setting, model, tokenizer, sizes, args))
+        print(f"{setting}: done", file=sys.stderr, flush=True)
+    title = f"{model_dir.name} on {args.device}: {args.max_tokens} tokens a stream, medians"
+    render_table(table(results, title), Console(width=None if sys.stdout.isatty() else 160))
+    if args.json_out:
+        doc = {"machine": machine_description(), "model": str(model_dir), "results": results}
+        write_json(doc, args.json_out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

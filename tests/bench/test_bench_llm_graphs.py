@@ -1,0 +1,45 @@
+"""bench/llm_graphs.py: the engine's CUDA graph settings side by side. On the CPU every
+setting runs eagerly (graphs are CUDA's); the run still shows each setting's figures and
+whether its greedy tokens equal the first setting's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import llm_graphs
+
+
+def test_each_setting_changes_what_it_names() -> None:
+    assert llm_graphs.overrides_of("eager", "cuda") == {}
+    assert llm_graphs.overrides_of("thaw", "cuda") == {}
+    assert llm_graphs.overrides_of("thaw-ahead", "cuda") == {"use_async_batching": True}
+    assert llm_graphs.overrides_of("thaw-ahead", "cpu") == {"use_async_batching": False}
+    padding = llm_graphs.overrides_of("transformers", "cuda")
+    assert padding == {"q_padding_interval_size": 0, "kv_padding_interval_size": 0}
+
+
+def test_a_quick_run_on_the_cpu_shows_every_setting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "graphs.json"
+    args = ["--quick", "--device", "cpu", "--streams", "1,2", "--rounds", "1"]
+    args += ["--max-tokens", "4", "--data-dir", str(tmp_path), "--json", str(out)]
+    assert llm_graphs.main(args) == 0
+    results = json.loads(out.read_text())["results"]
+    assert [r["setting"] for r in results] == list(llm_graphs.SETTINGS)
+    for r in results:
+        assert r["graphs"] is False  # no CUDA here
+        assert r["greedy"] == results[0]["greedy"] and all(r["greedy"])
+        assert [lv["streams"] for lv in r["levels"]] == [1, 2]
+        assert all(lv["tokens_per_s"] > 0 for lv in r["levels"])
+    shown = capsys.readouterr().out
+    assert "thaw-ahead" in shown and "greedy as eager" in shown
+
+
+def test_bad_settings_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        llm_graphs.main(["--settings", "eager,fast", "--device", "cpu"])
+    assert "unknown fast" in capsys.readouterr().err
