@@ -7,8 +7,8 @@
 #    the zygote, the RAM tier registered as pinned memory, a CUDA function through
 #    the control plane, the LLM engine and function on CUDA);
 # 2. bench/llm.py --device cuda: thaw's OpenAI routes and the engine in-process
-#    at 1, 8 and 32 streams, and thaw with CUDA graphs off, its off switch (the LLM
-#    cold start was measured; --skip cold);
+#    at 1, 8 and 32 streams, thaw with CUDA graphs off (its off switch), and the LLM
+#    cold start (its engine's start now captures graphs and probes them);
 #    llm-graphs (only when named): bench/llm_graphs.py, the engine in-process at 8 and
 #    32 streams eager, with transformers' graph padding, thaw's, and thaw's with the
 #    next step prepared ahead;
@@ -93,8 +93,8 @@ step tests 150 python3 -m pytest -m gpu -p no:cacheprovider -rA -q -W ignore::De
   -W ignore::FutureWarning "${tests[@]}"
 grep -E "passed|failed|error" "$out/tests.log" | tail -3
 
-step llm 200 python3 bench/llm.py --device cuda --streams 1,8,32 --rounds 2 --cold-trials 2 \
-  --skip serve,generate,cold --data-dir "$data/llm" --json "$out/llm.json"
+step llm 240 python3 bench/llm.py --device cuda --streams 1,8,32 --rounds 2 --cold-trials 2 \
+  --skip serve,generate --data-dir "$data/llm" --json "$out/llm.json"
 # The stack's own logs (server, worker, replicas) follow, for a replica that never
 # became ready or a call that failed.
 find "$data/llm" -name '*.log' -newer "$out/env.log" 2>/dev/null | while read -r f; do

@@ -16,7 +16,8 @@ back over HTTP (``worker.dataplane``) or through lost-worker handling.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -26,6 +27,7 @@ from control_plane.protocol import RunCall
 from control_plane.services import replicas
 from control_plane.services.dispatching import Dispatched, route_one
 from control_plane.services.functions import ActiveVersion
+from control_plane.services.router import ReplicaView
 from control_plane.services.worker_health import BreakerState
 
 
@@ -61,8 +63,8 @@ def claim(
     """
     if call.status != "queued":
         return None
-    places: dict[str, replicas.ReplicaHome] = {}
-    views = [v for v in replicas.views(session, fn.name, places) if v.state == "ready"]
+    live, places = _live_replicas(session, fn.name)
+    views = [v for v in live if v.state == "ready"]
     if breakers:
         state = {v.id: breakers.get(places[v.id].worker_id, "closed") for v in views}
         if "half_open" in state.values():
@@ -73,7 +75,23 @@ def claim(
     done = route_one(session, metrics, fn, call, views, places, now)
     if not isinstance(done, Dispatched):
         return None
+    taken = live.index(done.view)  # one more call in flight on it, for the next claim
+    live[taken] = replace(done.view, outstanding=done.view.outstanding + 1)
     return claim_of(fn.name, call, done)
+
+
+def _live_replicas(
+    session: Session, function: str
+) -> tuple[list[ReplicaView], dict[str, replicas.ReplicaHome]]:
+    """``function``'s live replicas and where they run, read once a transaction: the
+    calls of a burst accepted together (``Invocations._accept_batch``) are routed in
+    turn on one read, each counting the calls the ones before it dispatched."""
+    read: dict[str, Any] = session.info.setdefault("live_replicas", {})
+    found = read.get(function)
+    if found is None:
+        places: dict[str, replicas.ReplicaHome] = {}
+        found = read[function] = (replicas.views(session, function, places), places)
+    return found
 
 
 def claim_of(function: str, call: Call, done: Dispatched) -> Claim:

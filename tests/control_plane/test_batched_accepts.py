@@ -172,3 +172,52 @@ def test_a_batch_reads_its_function_once_for_all_its_calls(
     assert [r.status_code for r in answers] == [200] * len(requests), [r.text for r in answers]
     assert max(recorder.sizes) > 1, recorder.sizes
     assert 1 <= len(reads) <= len(recorder.sizes) < len(requests)  # a read a batch, not a call
+
+
+def test_a_batch_reads_its_replicas_once_and_fills_each_only_to_its_room(
+    cp: ControlPlane, held: Callable[[int], HeldBatches]
+) -> None:
+    """The calls of a batch are routed on one read of the function's replicas, each
+    counting the calls the ones before it dispatched: past the replica's room the rest
+    stay queued (and run when it frees), never over it."""
+    cp.worker()
+    room = 3
+    cp.deploy("echo", scaling={"min_replicas": 0, "max_replicas": 1, "target_concurrency": room})
+    _warm(cp)
+    inv: Invocations = cp.app.state.invocations
+    in_batch = threading.local()
+    reads: list[int] = []
+    claims: list[int] = []
+    run_batch = inv._accept_batch
+
+    def observed(items: Any) -> Any:
+        in_batch.on = True
+        try:
+            done = run_batch(items)
+        finally:
+            in_batch.on = False
+        claims.append(sum(1 for d in done if not isinstance(d, BaseException) and d[2]))
+        return done
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if getattr(in_batch, "on", False) and statement.startswith(
+            "SELECT replicas.id, replicas.state, replicas.version, replicas.adapters_json"
+        ):
+            reads.append(1)
+
+    requests = [("echo", {"input": {"n": i}}, None) for i in range(8)]
+    inv._accept_batch = observed  # type: ignore[method-assign]
+    recorder = held(len(requests) - 1)
+    event.listen(inv.s.db.engine, "before_cursor_execute", seen)
+    try:
+        answers = _burst(cp, requests)
+    finally:
+        event.remove(inv.s.db.engine, "before_cursor_execute", seen)
+        del inv._accept_batch
+
+    assert [r.status_code for r in answers] == [200] * len(requests), [r.text for r in answers]
+    # The first call was held until the other 7 waited, then taken in one batch: the
+    # first may still be in flight then, so the batch had room for 2 or 3, no more.
+    assert recorder.sizes[:2] == [1, len(requests) - 1], recorder.sizes
+    assert claims[0] == 1 and room - 1 <= claims[1] <= room, claims
+    assert len(reads) == len(recorder.sizes)  # a read a batch, not a call
