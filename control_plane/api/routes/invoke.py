@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from control_plane.api.deps import InvocationsDep, PrincipalDep
-from control_plane.api.disconnect import until_disconnect
+from control_plane.api.disconnect import EventStream
 from control_plane.api.invoke_body import BodyCheckedRoute
 from control_plane.api.schemas import CallAccepted, CallPublic, InvokeBody
 from control_plane.api.scopes import ScopeFirstRoute, needs
@@ -112,13 +112,9 @@ def invoke(
         return JSONResponse(accepted, 202, headers=headers)
     view = wait_dispatched(inv.activator, view.id)
     items = inv.activator.stream(view.id)
-    return StreamingResponse(
-        until_disconnect(
-            request,
-            _sse(items, lambda: inv.trace_invoke(view.id, name, start_s, 200, "stream")),
-            lambda: inv.activator.client_gone(view.id),
-        ),
-        media_type="text/event-stream",
+    return EventStream(
+        _sse(items, lambda: inv.trace_invoke(view.id, name, start_s, 200, "stream")),
+        lambda: inv.activator.client_gone(view.id),
         headers=headers_for(view, since),
     )
 

@@ -25,11 +25,11 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from control_plane.api.deps import principal_of
-from control_plane.api.disconnect import until_disconnect
+from control_plane.api.disconnect import EventStream
 from control_plane.api.errors import status_for
 from control_plane.api.invoke_body import check
 from control_plane.api.invoke_threads import on_invoke_threads
@@ -134,13 +134,9 @@ async def _generate(
     except (ControlPlaneError, OpenAIError) as exc:
         return error_response(exc)
     stream = calls.Stream(parsed, view.id)
-    return StreamingResponse(
-        until_disconnect(
-            request,
-            _events(stream, first, batches),
-            lambda: inv.activator.client_gone(view.id),
-        ),
-        media_type="text/event-stream",
+    return EventStream(
+        _events(stream, first, batches),
+        lambda: inv.activator.client_gone(view.id),
         headers={**_stream_headers(view, since), "Cache-Control": "no-cache"},
     )
 
