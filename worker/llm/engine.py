@@ -29,7 +29,7 @@ while one runs (``use_async_batching``) made more tokens a second but a burst's 
 tokens later (TTFT p50 at 32 streams 20 -> 71..133 ms): it stays off. A request to the
 running manager probes the graphs at start; a model whose forward cannot be captured (a
 host sync, ``.item()``) runs eagerly, with a warning, and ``cuda_graphs`` off
-(``EngineSizes``) runs every model so. Figures: bench/README.md, "CUDA graphs".
+(``EngineSizes``) runs every model so. Figures: bench/README.md, "Seventh run".
 
 Sizes are explicit (``EngineSizes``): the KV cache gets ``kv_cache_bytes``, never
 "most of free memory" (transformers' default without ``num_blocks`` is about 60 %
