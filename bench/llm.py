@@ -354,6 +354,16 @@ def measure_cold(
     }
 
 
+def sizes_of(args: argparse.Namespace) -> dict[str, int]:
+    """The engine's sizes as given (``--max-num-seqs``, ``--max-batch-tokens``,
+    ``--kv-cache-mb``)."""
+    return {
+        "max_num_seqs": args.max_num_seqs,
+        "max_batch_tokens": args.max_batch_tokens,
+        "kv_cache_mb": args.kv_cache_mb,
+    }
+
+
 def model_dir_of(args: argparse.Namespace) -> Path:
     """``--model``, else the example model (made on first use)."""
     if args.model is not None:
@@ -380,11 +390,7 @@ def check_model_dir(path: Path) -> str | None:
 
 
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
-    sizes = {
-        "max_num_seqs": args.max_num_seqs,
-        "max_batch_tokens": args.max_batch_tokens,
-        "kv_cache_mb": args.kv_cache_mb,
-    }
+    sizes = sizes_of(args)
     model_dir = model_dir_of(args) if args.model or not args.url else None
     if model_dir is not None and (why := check_model_dir(model_dir)) is not None:
         raise SystemExit(f"--model: {why}")

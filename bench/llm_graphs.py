@@ -26,7 +26,7 @@ their tokens equal the first setting's. Needs a CUDA device for every setting bu
 from __future__ import annotations
 
 import argparse
-import statistics
+import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,10 +48,12 @@ from bench._common import (
     render_table,
     write_json,
 )
+from bench.llm import level_row, model_dir_of, sizes_of
 
 SETTINGS = ("eager", "transformers", "thaw", "thaw-ahead")
 UNCOUNTED_ROUNDS = 2  # a level's first rounds capture the shapes it meets
 GREEDY_TOKENS = 24
+LEVEL_FIGURES = ("streams", "rounds", "tokens_per_s", "ttft_p50_ms", "tpot_p50_ms")
 
 
 @contextmanager
@@ -98,14 +100,8 @@ def run_setting(
         for streams in args.streams:
             rounds = [ran.level(streams, args.max_tokens) for _ in range(args.rounds)]
             counted = rounds[UNCOUNTED_ROUNDS:] or rounds[-1:]
-            levels.append(
-                {
-                    "streams": streams,
-                    "tokens_per_s": statistics.median(_tokens_per_s(r) for r in counted),
-                    "ttft_p50_ms": statistics.median(_p50(r, "ttft_s") for r in counted),
-                    "tpot_p50_ms": statistics.median(_p50(r, "tpot_s") for r in counted),
-                }
-            )
+            row = level_row(streams, counted, math.inf, math.inf)  # no SLOs: no goodput
+            levels.append({key: row[key] for key in LEVEL_FIGURES})
         return {
             "setting": setting,
             "graphs": engine.cuda_graphs,
@@ -114,16 +110,6 @@ def run_setting(
         }
     finally:
         engine.close()
-
-
-def _tokens_per_s(level: base.Level) -> float:
-    span = max(t.end_s for t in level) - min(t.sent_s for t in level)
-    return sum(t.tokens for t in level) / span
-
-
-def _p50(level: base.Level, field: str) -> float:
-    values = [getattr(t, field) for t in level]
-    return statistics.median(v for v in values if v is not None) * 1000
 
 
 def table(results: list[dict[str, Any]], title: str) -> TableSpec:
@@ -187,18 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--rounds must be at least 1")
     if args.device == "cuda" and (why := no_cuda()) is not None:
         p.error(f"--device cuda: {why}")
-    if args.model is not None:
-        model_dir = Path(args.model)
-    else:
-        from bench._coldstart_setup import FULL_MODEL, QUICK_MODEL, ensure_example
-
-        size = QUICK_MODEL if args.quick else FULL_MODEL
-        model_dir = ensure_example(args.data_dir, size)["model"]
-    sizes = {
-        "max_num_seqs": args.max_num_seqs,
-        "max_batch_tokens": args.max_batch_tokens,
-        "kv_cache_mb": args.kv_cache_mb,
-    }
+    model_dir, sizes = model_dir_of(args), sizes_of(args)
     model, tokenizer = base.load(model_dir, args.device)
     results = []
     for setting in settings:
