@@ -116,6 +116,23 @@ def can_graph(model: Any) -> bool:
     return bool(model.device.type == "cuda")
 
 
+def reset_after_failed_capture(device: Any) -> None:
+    """Make ``device``'s random generator usable again after a CUDA graph capture
+    failed part way. torch ends a capture's generator state only when the capture
+    succeeds, so after a failed one every random draw outside a capture raises
+    "Offset increment outside graph capture encountered unexpectedly"; a fresh state
+    at the same seed takes its place. Nothing to do off CUDA."""
+    import torch
+
+    if device.type != "cuda":
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    generator = torch.cuda.default_generators[index]
+    fresh = torch.Generator(device=f"cuda:{index}")
+    fresh.manual_seed(generator.initial_seed())
+    generator.graphsafe_set_state(fresh.graphsafe_get_state())
+
+
 @dataclass(frozen=True)
 class Sampling:
     max_new_tokens: int
@@ -275,6 +292,7 @@ class Engine:
         if self.cuda_graphs and (failed := self._probe()) is not None:
             log.warning("this model's steps cannot run as CUDA graphs, so run eagerly: %s", failed)
             self._manager.stop(block=True, timeout=30)
+            reset_after_failed_capture(model.device)
             self.cuda_graphs = False
             self._manager = manager(False)
         self._lock = threading.Lock()
