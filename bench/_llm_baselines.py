@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -444,12 +445,18 @@ class InProcess:
             tokens += len(step.token_ids)
         return StreamTiming(sent, first, time.perf_counter() - t0, tokens)
 
-    def level(self, streams: int, max_tokens: int) -> Level:
-        """``streams`` requests at once, a thread each."""
+    def level(self, streams: int, max_tokens: int, spread_s: float = 0.0, seed: int = 0) -> Level:
+        """``streams`` requests, a thread each: at once, or with ``spread_s`` each sent
+        at a random offset in ``[0, spread_s)`` (drawn from ``seed``), as requests that
+        reach a server one by one reach its engine."""
         out: list[StreamTiming | None] = [None] * streams
+        draw = random.Random(seed)
+        offsets = [draw.uniform(0, spread_s) if spread_s > 0 else 0.0 for _ in range(streams)]
         t0 = time.perf_counter()
 
         def run(i: int) -> None:
+            if (wait := t0 + offsets[i] - time.perf_counter()) > 0:
+                time.sleep(wait)
             out[i] = self.one(i, max_tokens, t0)
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(streams)]

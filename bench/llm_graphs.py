@@ -2,7 +2,7 @@
 
     python bench/llm_graphs.py [--model DIR] [--quick] [--streams 8,32] [--rounds 5]
                                [--settings eager,transformers,thaw,thaw-ahead]
-                               [--device cuda] [--json -|PATH]
+                               [--spread-ms 0] [--device cuda] [--json -|PATH]
 
 Each setting is the engine thaw's LLM functions run (``worker.llm.engine.Engine``, its
 sizes as bench/llm.py's), started afresh on the model:
@@ -18,7 +18,10 @@ sizes as bench/llm.py's), started afresh on the model:
 At each level, ``streams`` seeded requests (temperature 1, 64 tokens) at once, a thread
 each, as bench/llm.py's engine mode; a level's first two rounds capture the shapes it
 meets and are not counted (``--rounds`` counts them), the figures are the medians of
-the rest. Four greedy prompts are run first under each setting; the table says whether
+the rest. ``--spread-ms`` sends each round's requests at random offsets over that many
+ms instead of at once, as requests reach a server's engine one by one; the table then
+shows the graphs each counted round captured (a shape met for the first time) and the
+time spent capturing. Four greedy prompts are run first under each setting; the table says whether
 their tokens equal the first setting's. Needs a CUDA device for every setting but
 ``eager`` (graphs are CUDA's); ``--device cpu`` runs them all eagerly, as a check.
 """
@@ -27,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -54,6 +59,28 @@ SETTINGS = ("eager", "transformers", "thaw", "thaw-ahead")
 UNCOUNTED_ROUNDS = 2  # a level's first rounds capture the shapes it meets
 GREEDY_TOKENS = 24
 LEVEL_FIGURES = ("streams", "rounds", "tokens_per_s", "ttft_p50_ms", "tpot_p50_ms")
+
+
+@contextmanager
+def timed_captures() -> Iterator[list[float]]:
+    """The seconds of each CUDA graph capture the engines' steps make meanwhile."""
+    from transformers.generation.continuous_batching.model_runner import ModelRunner
+
+    made = ModelRunner._capture_graph
+    seconds: list[float] = []
+
+    def capture(self: Any, *args: Any) -> None:
+        start = time.perf_counter()
+        try:
+            made(self, *args)
+        finally:
+            seconds.append(time.perf_counter() - start)
+
+    ModelRunner._capture_graph = capture  # type: ignore[method-assign,assignment]
+    try:
+        yield seconds
+    finally:
+        ModelRunner._capture_graph = made  # type: ignore[method-assign]
 
 
 @contextmanager
@@ -98,10 +125,18 @@ def run_setting(
         ]
         levels = []
         for streams in args.streams:
-            rounds = [ran.level(streams, args.max_tokens) for _ in range(args.rounds)]
-            counted = rounds[UNCOUNTED_ROUNDS:] or rounds[-1:]
-            row = level_row(streams, counted, math.inf, math.inf)  # no SLOs: no goodput
-            levels.append({key: row[key] for key in LEVEL_FIGURES})
+            rounds, captures = [], []
+            for n in range(args.rounds):
+                with timed_captures() as seconds:
+                    rounds.append(ran.level(streams, args.max_tokens, args.spread_ms / 1000, n))
+                captures.append(seconds)
+            skip = UNCOUNTED_ROUNDS if args.rounds > UNCOUNTED_ROUNDS else args.rounds - 1
+            row = level_row(streams, rounds[skip:], math.inf, math.inf)  # no SLOs: no goodput
+            level = {key: row[key] for key in LEVEL_FIGURES}
+            level["captures"] = statistics.median(len(c) for c in captures[skip:])
+            level["capture_ms"] = statistics.median(sum(c) * 1000 for c in captures[skip:])
+            level["captures_per_round"] = [len(c) for c in captures]
+            levels.append(level)
         return {
             "setting": setting,
             "graphs": engine.cuda_graphs,
@@ -128,6 +163,8 @@ def table(results: list[dict[str, Any]], title: str) -> TableSpec:
         "x eager",
         "TTFT p50 ms",
         "TPOT p50 ms",
+        "graphs captured a round",
+        "capture ms a round",
         "greedy as " + first["setting"],
     ]
     body = []
@@ -144,6 +181,8 @@ def table(results: list[dict[str, Any]], title: str) -> TableSpec:
                     "-" if ratio is None else f"{ratio:.2f}",
                     f"{lv['ttft_p50_ms']:.1f}",
                     f"{lv['tpot_p50_ms']:.2f}",
+                    f"{lv['captures']:g}",
+                    f"{lv['capture_ms']:.1f}",
                     same,
                 ]
             )
@@ -157,6 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streams", default="8,32")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument(
+        "--spread-ms",
+        type=float,
+        default=0.0,
+        help="send each round's requests at random offsets over this many ms (default: at once)",
+    )
     p.add_argument("--settings", default=",".join(SETTINGS))
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     p.add_argument("--max-num-seqs", type=int, default=32)
@@ -179,7 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     for setting in settings:
         results.append(run_setting(setting, model, tokenizer, sizes, args))
         print(f"{setting}: done", file=sys.stderr, flush=True)
-    title = f"{model_dir.name} on {args.device}: {args.max_tokens} tokens a stream, medians"
+    arrivals = f"sent over {args.spread_ms:g} ms" if args.spread_ms > 0 else "sent at once"
+    title = (
+        f"{model_dir.name} on {args.device}: {args.max_tokens} tokens a stream, {arrivals};"
+        f" medians of the rounds after the first {UNCOUNTED_ROUNDS}"
+    )
     render_table(table(results, title), Console(width=None if sys.stdout.isatty() else 160))
     if args.json_out:
         doc = {"machine": machine_description(), "model": str(model_dir), "results": results}
