@@ -10,8 +10,9 @@
 #    at 1, 8 and 32 streams, thaw with CUDA graphs off (its off switch), and the LLM
 #    cold start (its engine's start now captures graphs and probes them);
 #    llm-graphs (only when named): bench/llm_graphs.py, the engine in-process at 8 and
-#    32 streams eager, with transformers' graph padding, thaw's, and thaw's with the
-#    next step prepared ahead;
+#    32 streams, each round's requests sent over 80 ms as a server's accepts reach it:
+#    eager, thaw's graphs (a shape captured when it comes again), and thaw's with each
+#    shape captured the first time;
 #    llm-baselines (only when named in STEPS): the same at 8 and 32 streams with
 #    sequential `generate` and `transformers serve` beside it, for the x generate and
 #    x serve ratios (its log alone comes back: OUT holds 8 files at most);
@@ -103,8 +104,8 @@ done >>"$out/llm.log"
 tail -n 40 "$out/llm.log"
 
 # The engine's CUDA graph settings, side by side in one process.
-step llm-graphs 150 python3 bench/llm_graphs.py --device cuda --streams 8,32 --rounds 5 \
-  --data-dir "$data/llm"
+step llm-graphs 150 python3 bench/llm_graphs.py --device cuda --streams 8,32 --rounds 6 \
+  --settings eager,thaw,thaw-first --spread-ms 80 --data-dir "$data/llm"
 tail -n 16 "$out/llm-graphs.log"
 
 # thaw beside sequential generate and transformers serve on the same GPU, one run.

@@ -9,9 +9,12 @@ sizes as bench/llm.py's), started afresh on the model:
 
     eager         ``cuda_graphs`` off: every step launches its kernels one by one
     transformers  graphs at transformers' own padding (queries to 64 tokens, keys and
-                  values to 16,384): what ``use_cuda_graph=True`` alone gives
+                  values to 16,384), each shape captured the first time it comes: what
+                  ``use_cuda_graph=True`` alone gives
     thaw          thaw's setting (the default): graphs, queries padded to 16 tokens,
-                  keys to 256 or 1/32 of the cache
+                  keys to 256 or 1/32 of the cache; a shape's first step eager, its
+                  graph captured when it comes again
+    thaw-first    thaw's, each shape captured the first time it comes
     thaw-ahead    thaw's, with the next step prepared while one runs
                   (``use_async_batching``)
 
@@ -55,7 +58,7 @@ from bench._common import (
 )
 from bench.llm import level_row, model_dir_of, sizes_of
 
-SETTINGS = ("eager", "transformers", "thaw", "thaw-ahead")
+SETTINGS = ("eager", "transformers", "thaw", "thaw-first", "thaw-ahead")
 UNCOUNTED_ROUNDS = 2  # a level's first rounds capture the shapes it meets
 GREEDY_TOKENS = 24
 LEVEL_FIGURES = ("streams", "rounds", "tokens_per_s", "ttft_p50_ms", "tpot_p50_ms")
@@ -112,11 +115,14 @@ def overrides_of(setting: str, device: str) -> dict[str, Any]:
 def run_setting(
     setting: str, model: Any, tokenizer: Any, sizes: dict[str, int], args: argparse.Namespace
 ) -> dict[str, Any]:
-    from worker.llm.engine import Engine, Sampling
+    from worker.llm.engine import GRAPH_CAPTURE_AT, Engine, Sampling
 
     engine_sizes = replace(base.engine_sizes(sizes), cuda_graphs=setting != "eager")
+    capture_at = 1 if setting in ("transformers", "thaw-first") else GRAPH_CAPTURE_AT
     with transformers_config(**overrides_of(setting, args.device)):
-        engine = Engine(model, engine_sizes, eos_token_ids=base.eos_ids(model))
+        engine = Engine(
+            model, engine_sizes, eos_token_ids=base.eos_ids(model), capture_at=capture_at
+        )
     try:
         ran = base.InProcess(engine, tokenizer, [tokenizer(p)["input_ids"] for p in base.PROMPTS])
         greedy = [

@@ -29,7 +29,11 @@ while one runs (``use_async_batching``) made more tokens a second but a burst's 
 tokens later (TTFT p50 at 32 streams 20 -> 71..133 ms): it stays off. A request to the
 running manager probes the graphs at start; a model whose forward cannot be captured (a
 host sync, ``.item()``) runs eagerly, with a warning, and ``cuda_graphs`` off
-(``EngineSizes``) runs every model so. Figures: bench/README.md, "Seventh run".
+(``EngineSizes``) runs every model so. After the probe, a shape's first step runs
+eagerly and its graph is captured when it comes again (``CaptureGate``; torch's CUDA
+graph trees also run a function eagerly once before recording it): requests that reach
+the engine one by one make mixes of prefill and decode that may never come again, and
+capturing one stalls the whole batch for two forwards. Figures: bench/README.md, "Seventh run".
 
 Sizes are explicit (``EngineSizes``): the KV cache gets ``kv_cache_bytes``, never
 "most of free memory" (transformers' default without ``num_blocks`` is about 60 %
@@ -67,6 +71,7 @@ _WAKE_S = 0.1
 GRAPH_Q_TOKENS = 16  # a graphed step's query tokens are padded to a multiple of this
 GRAPH_KV_TOKENS = 256  # the keys and values it reads, likewise, at least
 GRAPH_KV_SHAPES = 32  # at most this many key lengths for the whole cache
+GRAPH_CAPTURE_AT = 2  # a step shape's graph is captured when it comes this many times
 _PROBE_S = 120.0  # the start's probe request: the first captures take a few seconds
 
 log = logging.getLogger(__name__)
@@ -131,6 +136,57 @@ def reset_after_failed_capture(device: Any) -> None:
     fresh = torch.Generator(device=f"cuda:{index}")
     fresh.manual_seed(generator.initial_seed())
     generator.graphsafe_set_state(fresh.graphsafe_get_state())
+
+
+class CaptureGate:
+    """Which step shapes get a CUDA graph: one whose step comes for the ``capture_at``-th
+    time. Before that its steps run eagerly. Counts what it let through and held back."""
+
+    def __init__(self, capture_at: int = GRAPH_CAPTURE_AT) -> None:
+        if capture_at < 1:
+            raise ValueError(f"capture_at must be at least 1, got {capture_at}")
+        self.capture_at = capture_at
+        self._seen: dict[tuple[int, ...], int] = {}
+        self.captures = 0  # shapes let through to be captured
+        self.eager_steps = 0  # steps held back: run eagerly
+
+    def capture(self, key: tuple[int, ...]) -> bool:
+        """Whether the step of shape ``key``, which has no graph yet, captures one now."""
+        seen = self._seen.get(key, 0) + 1
+        self._seen[key] = seen
+        if seen >= self.capture_at:
+            self.captures += 1
+            return True
+        self.eager_steps += 1
+        return False
+
+
+def install_capture_gate(manager: Any, gate: CaptureGate) -> None:
+    """Puts ``gate`` before the graph captures of ``manager``'s model runner (an instance
+    attribute over transformers' ``ModelRunner.compute_batch``): a step whose shape has
+    no graph and that the gate holds back runs with the runner's graphs off, eagerly on
+    the same padded inputs (transformers' capture runs that same eager forward first).
+    The batch processor must exist (``manager.warmup()`` makes it). A runner that
+    prepares steps ahead keeps its graphs per input pair, and is left as it is."""
+    runner = manager.batch_processor.model_runner
+    io = runner.inputs_and_outputs
+    if not hasattr(io, "_get_graph_key"):
+        return
+    compute = runner.compute_batch
+
+    def gated(model: Any, batch_data: Any) -> None:
+        key = io._get_graph_key()
+        if io.graphs.get_graph(key) is not None or gate.capture(key):
+            compute(model, batch_data)
+            return
+        graphs = runner.use_cuda_graph_varlen, runner.use_cuda_graph_decode
+        runner.use_cuda_graph_varlen = runner.use_cuda_graph_decode = False
+        try:
+            compute(model, batch_data)
+        finally:
+            runner.use_cuda_graph_varlen, runner.use_cuda_graph_decode = graphs
+
+    runner.compute_batch = gated
 
 
 @dataclass(frozen=True)
@@ -233,9 +289,11 @@ class Engine:
         sizes: EngineSizes,
         eos_token_ids: list[int],
         threads: StepThreads | None = None,
+        capture_at: int = GRAPH_CAPTURE_AT,
     ) -> None:
         """``threads``, on a CPU: each step's torch threads (``worker.llm.threads``);
-        None leaves the process's own."""
+        None leaves the process's own. ``capture_at``, with CUDA graphs: the time a step
+        shape comes that captures its graph (1: the first, as transformers does)."""
         from transformers import GenerationConfig
         from transformers.generation import ContinuousBatchingConfig
 
@@ -295,6 +353,10 @@ class Engine:
             reset_after_failed_capture(model.device)
             self.cuda_graphs = False
             self._manager = manager(False)
+        self.capture_gate: CaptureGate | None = None
+        if self.cuda_graphs:  # after the probe, which captures its shapes at once
+            self.capture_gate = CaptureGate(capture_at)
+            install_capture_gate(self._manager, self.capture_gate)
         self._lock = threading.Lock()
         self._streams: dict[str, _Stream] = {}
         self._closed = threading.Event()

@@ -1,8 +1,9 @@
 """The LLM engine and function on a GPU (skipped without one): in a batch on CUDA, its
 steps replaying CUDA graphs, greedy tokens equal ``model.generate`` alone on the same
-device and a seed gives the same tokens alone and in a busy batch; a model whose forward
-cannot be captured runs eagerly; and the function built from a CUDA Context answers a
-call, an adapter's included (eagerly: a graph keeps the adapter it was captured with)."""
+device; a step shape's graph is captured when it comes again; a seed gives the same
+tokens alone and in a busy batch; a model whose forward cannot be captured runs
+eagerly; and the function built from a CUDA Context answers a call, an adapter's
+included (eagerly: a graph keeps the adapter it was captured with)."""
 
 from __future__ import annotations
 
@@ -63,7 +64,9 @@ def test_graphed_and_eager_steps_on_cuda_give_the_same_greedy_tokens() -> None:
     results = []
     for graphs in (True, False):
         sizes = EngineSizes(max_num_seqs=8, max_batch_tokens=256, kv_cache_bytes=4 << 20)
-        engine = Engine(model, replace(sizes, cuda_graphs=graphs), eos_token_ids=[EOS])
+        engine = Engine(  # every shape captured at once: the graphed run replays them all
+            model, replace(sizes, cuda_graphs=graphs), eos_token_ids=[EOS], capture_at=1
+        )
         try:
             assert engine.cuda_graphs is graphs
             run = partial(run_to_end, engine, sampling=Sampling(24))
@@ -72,6 +75,26 @@ def test_graphed_and_eager_steps_on_cuda_give_the_same_greedy_tokens() -> None:
         finally:
             engine.close()
     assert results[0] == results[1]
+
+
+def test_on_cuda_a_step_shape_is_captured_when_it_comes_again_and_the_tokens_hold() -> None:
+    model = tiny_llama().to("cuda")
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (5, 13, 44)]
+    sizes = EngineSizes(max_num_seqs=8, max_batch_tokens=256, kv_cache_bytes=4 << 20)
+    engine = Engine(model, sizes, eos_token_ids=[EOS])
+    try:
+        gate = engine.capture_gate
+        assert engine.cuda_graphs and gate is not None
+        graphs = engine._manager.batch_processor.inputs_and_outputs.graphs._storage
+        made = len(graphs)  # the warmup's and the probe's
+        first = [run_to_end(engine, p, Sampling(12))[0] for p in prompts]
+        assert gate.eager_steps > 0 and gate.captures == 0 and len(graphs) == made
+        second = [run_to_end(engine, p, Sampling(12))[0] for p in prompts]
+        assert gate.captures > 0 and len(graphs) == made + gate.captures
+    finally:
+        engine.close()
+    assert first == second == [generate_alone(model, p, 12) for p in prompts]
 
 
 def test_a_seed_on_graphed_cuda_steps_gives_the_same_tokens_alone_and_in_a_busy_batch() -> None:

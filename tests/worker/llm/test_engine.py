@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from worker.llm.engine import (
+    CaptureGate,
     Engine,
     EngineError,
     EngineSizes,
@@ -421,5 +422,71 @@ def test_a_model_that_passes_the_graph_probe_keeps_its_graphs(
         assert run_to_end(engine, prompt, Sampling(max_new_tokens=8))[0] == generate_alone(
             model, prompt, 8
         )
+    finally:
+        engine.close()
+
+
+def test_the_capture_gate_lets_a_shape_through_when_it_comes_again() -> None:
+    gate = CaptureGate()
+    assert [gate.capture((16, 256, 1024)) for _ in range(3)] == [False, True, True]
+    assert gate.capture((32, 256, 1024)) is False
+    assert (gate.captures, gate.eager_steps) == (2, 2)
+    assert all(CaptureGate(capture_at=1).capture((16, k)) for k in range(3))
+    with pytest.raises(ValueError, match="capture_at must be at least 1"):
+        CaptureGate(capture_at=0)
+
+
+def test_after_the_probe_a_new_shape_runs_eagerly_and_its_second_step_is_let_through(
+    model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Graphs tried on the CPU (where transformers runs every step eagerly): the gate sits
+    in the step's path once the probe has run. A request's shapes are new the first time
+    (held back), and let through when the same request comes again."""
+    import worker.llm.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "can_graph", lambda m: True)
+    sizes = EngineSizes(max_num_seqs=4, max_batch_tokens=128, kv_cache_bytes=1 << 20)
+    engine = Engine(model, sizes, eos_token_ids=[EOS])
+    try:
+        gate = engine.capture_gate
+        assert gate is not None and (gate.captures, gate.eager_steps) == (0, 0)
+        prompt = _prompts()[1]
+        want = generate_alone(model, prompt, 6)
+        assert run_to_end(engine, prompt, Sampling(max_new_tokens=6))[0] == want
+        held = gate.eager_steps
+        assert held > 0 and gate.captures == 0
+        assert run_to_end(engine, prompt, Sampling(max_new_tokens=6))[0] == want
+        assert gate.eager_steps == held and gate.captures > 0
+    finally:
+        engine.close()
+
+
+def test_a_step_held_back_runs_with_the_runners_graphs_off_and_on_again_after(
+    model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner's graphs are turned on here, on the CPU, where a capture cannot run:
+    every step is held back (the gate never lets one through), so each must run with
+    them off, and they are on again between steps."""
+    import worker.llm.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "can_graph", lambda m: True)
+    sizes = EngineSizes(max_num_seqs=4, max_batch_tokens=128, kv_cache_bytes=1 << 20)
+    engine = Engine(model, sizes, eos_token_ids=[EOS], capture_at=10**9)
+    try:
+        runner = engine._manager.batch_processor.model_runner
+        seen: list[tuple[bool, bool]] = []
+        forward = runner._forward_process_and_sample
+
+        def recorded(*args: Any) -> None:
+            seen.append((runner.use_cuda_graph_varlen, runner.use_cuda_graph_decode))
+            forward(*args)
+
+        runner._forward_process_and_sample = recorded
+        runner.use_cuda_graph_varlen = runner.use_cuda_graph_decode = True
+        prompt = _prompts()[0]
+        tokens, _ = run_to_end(engine, prompt, Sampling(max_new_tokens=5))
+        assert tokens == generate_alone(model, prompt, 5)
+        assert seen and set(seen) == {(False, False)}
+        assert (runner.use_cuda_graph_varlen, runner.use_cuda_graph_decode) == (True, True)
     finally:
         engine.close()
