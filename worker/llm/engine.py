@@ -33,7 +33,8 @@ host sync, ``.item()``) runs eagerly, with a warning, and ``cuda_graphs`` off
 eagerly and its graph is captured when it comes again (``CaptureGate``; torch's CUDA
 graph trees also run a function eagerly once before recording it): requests that reach
 the engine one by one make mixes of prefill and decode that may never come again, and
-capturing one stalls the whole batch for two forwards. Figures: bench/README.md, "Seventh run".
+capturing one stalls the whole batch for two forwards. Figures: bench/README.md,
+"Seventh run" and "Eighth run".
 
 Sizes are explicit (``EngineSizes``): the KV cache gets ``kv_cache_bytes``, never
 "most of free memory" (transformers' default without ``num_blocks`` is about 60 %
