@@ -7,7 +7,8 @@
 #    the zygote, the RAM tier registered as pinned memory, a CUDA function through
 #    the control plane, the LLM engine and function on CUDA);
 # 2. bench/llm.py --device cuda: thaw's OpenAI routes and the engine in-process
-#    at 1, 8 and 32 streams, thaw with CUDA graphs off (its off switch), and the LLM
+#    at 1, 8 and 32 streams after 2 warm rounds that capture the shapes a level meets
+#    (not counted), thaw with CUDA graphs off (its off switch), and the LLM
 #    cold start (its engine's start now captures graphs and probes them);
 #    llm-graphs (only when named): bench/llm_graphs.py, the engine in-process at 8 and
 #    32 streams, each round's requests sent over 80 ms as a server's accepts reach it:
@@ -94,8 +95,8 @@ step tests 150 python3 -m pytest -m gpu -p no:cacheprovider -rA -q -W ignore::De
   -W ignore::FutureWarning "${tests[@]}"
 grep -E "passed|failed|error" "$out/tests.log" | tail -3
 
-step llm 240 python3 bench/llm.py --device cuda --streams 1,8,32 --rounds 2 --cold-trials 2 \
-  --skip serve,generate --data-dir "$data/llm" --json "$out/llm.json"
+step llm 240 python3 bench/llm.py --device cuda --streams 1,8,32 --rounds 2 --warm-rounds 2 \
+  --cold-trials 2 --skip serve,generate --data-dir "$data/llm" --json "$out/llm.json"
 # The stack's own logs (server, worker, replicas) follow, for a replica that never
 # became ready or a call that failed.
 find "$data/llm" -name '*.log' -newer "$out/env.log" 2>/dev/null | while read -r f; do
@@ -110,12 +111,12 @@ tail -n 16 "$out/llm-graphs.log"
 
 # thaw beside sequential generate and transformers serve on the same GPU, one run.
 step llm-baselines 220 python3 bench/llm.py --device cuda --streams 8,32 --rounds 2 \
-  --skip narrow,cold --ttft-trials 0 --data-dir "$data/llm"
+  --warm-rounds 2 --skip narrow,cold --ttft-trials 0 --data-dir "$data/llm"
 tail -n 30 "$out/llm-baselines.log"
 
 # The same bursts with the server as 4 processes (THAW_SERVER_PROCESSES), engine beside.
 step llm-servers 150 python3 bench/llm.py --device cuda --streams 8,32 --rounds 3 \
-  --skip narrow,serve,generate,cold --ttft-trials 0 --server-processes 4 --data-dir "$data/llm"
+  --warm-rounds 2 --skip narrow,serve,generate,cold --ttft-trials 0 --server-processes 4 --data-dir "$data/llm"
 tail -n 20 "$out/llm-servers.log"
 
 [[ -n $builder ]] && { wait "$builder"; tail -n 2 "$data/model.log"; }

@@ -3,7 +3,7 @@
 cold start from zero against a naive one. One model, one prompt set, one run.
 
     python bench/llm.py [--model DIR] [--quick] [--streams 1,8,32] [--max-tokens 64]
-                        [--rounds 3] [--cold-trials 3]
+                        [--rounds 3] [--warm-rounds 0] [--cold-trials 3]
                         [--skip narrow,serve,generate,engine,cold]
                         [--max-num-seqs 32 --max-batch-tokens 512 --kv-cache-mb 256]
                         [--slo-ttft-ms 500 --slo-tpot-ms 50] [--server-processes 1]
@@ -242,12 +242,13 @@ def alternated_rounds(
     engine: base.InProcess | None,
     say: Callable[[str], None],
     client: str = base.RAW,
+    warm: int = 0,
 ) -> Rounds:
     """thaw's levels; with ``wide_off`` (its off-switch function) that function's too,
     and with ``engine`` the engine's in this process; a round of each in turn, so the
-    machine's drift hits all alike. ``cpu`` gets thaw's CPU per level, summed over its
-    rounds, and is read again over the engine's rounds: what thaw's idle processes
-    took from the engine beside them."""
+    machine's drift hits all alike, after ``warm`` rounds of each that are not counted.
+    ``cpu`` gets thaw's CPU per level, summed over its counted rounds, and is read again
+    over the engine's: what thaw's idle processes took from the engine beside them."""
     from bench._llm_stack import FUNCTION
 
     thaw: list[list[base.Level]] = [[] for _ in levels]
@@ -255,12 +256,14 @@ def alternated_rounds(
     alone: list[list[base.Level]] = [[] for _ in levels]
     spent: list[dict[str, float]] = [{} for _ in levels]
     idle_s = engine_s = 0.0
-    for r in range(rounds):
-        split = None if cpu is None else base.CpuSplit(cpu.groups)
+    for r in range(warm + rounds):
+        counted = r >= warm
+        split = None if cpu is None or not counted else base.CpuSplit(cpu.groups)
         for i, [level] in enumerate(
             base.openai_levels(url, key, FUNCTION, levels, 1, max_tokens, split, client)
         ):
-            thaw[i].append(level)
+            if counted:
+                thaw[i].append(level)
         for i, seconds in enumerate([] if split is None else split.levels):
             for part, s in seconds.items():
                 spent[i][part] = spent[i].get(part, 0.0) + s
@@ -268,16 +271,23 @@ def alternated_rounds(
             for i, [level] in enumerate(
                 base.openai_levels(url, key, wide_off, levels, 1, max_tokens, None, client)
             ):
-                off[i].append(level)
+                if counted:
+                    off[i].append(level)
         if engine is not None:
-            meter = None if cpu is None else _cpu.TreeMeter(cpu.groups)
+            meter = None if cpu is None or not counted else _cpu.TreeMeter(cpu.groups)
             started = time.perf_counter()
             for i, streams in enumerate(levels):
-                alone[i].append(engine.level(streams, max_tokens))
-            engine_s += time.perf_counter() - started
+                level = engine.level(streams, max_tokens)
+                if counted:
+                    alone[i].append(level)
+            if counted:
+                engine_s += time.perf_counter() - started
             if meter is not None:
                 idle_s += sum(s for part, s in meter.spent_s().items() if part != "clients")
-        say(f"thaw: round {r + 1} of {rounds} done")
+        if counted:
+            say(f"thaw: round {r - warm + 1} of {rounds} done")
+        else:
+            say(f"thaw: warm round {r + 1} of {warm} done (not counted)")
     if cpu is not None:
         cpu.levels = spent
     return Rounds(
@@ -395,6 +405,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     if model_dir is not None and (why := check_model_dir(model_dir)) is not None:
         raise SystemExit(f"--model: {why}")
     levels, rounds, n, client = args.streams, args.rounds, args.max_tokens, args.client
+    warm = args.warm_rounds
     results: dict[str, list[list[base.Level]]] = {}
     cold = None
     cpu: base.CpuSplit | None = None
@@ -406,6 +417,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         if args.url:
             url = f"{args.url}/openai/v1"
             fn = args.function
+            if warm:
+                base.openai_levels(url, args.key, fn, levels, warm, n, None, client)
             results[THAW] = base.openai_levels(url, args.key, fn, levels, rounds, n, None, client)
             if ttft_trials:
                 thaw_first = base.first_tokens(url, args.key, args.function, ttft_trials)
@@ -426,7 +439,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                 if "engine" not in args.skip:  # beside thaw, its rounds taken in turn
                     engine = held.enter_context(base.in_process(model_dir, sizes, args.device))
                 taken = alternated_rounds(
-                    url, key, levels, rounds, n, cpu, wide_off, engine, say, client
+                    url, key, levels, rounds, n, cpu, wide_off, engine, say, client, warm
                 )
                 results[THAW] = taken.thaw
                 if taken.wide_off is not None:
@@ -443,6 +456,9 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                     say("TTFT at one stream: done")
         if model_dir is not None and "engine" not in args.skip and ENGINE not in results:
             with base.in_process(model_dir, sizes, args.device) as alone:  # beside --url
+                for _ in range(warm):
+                    for streams in levels:
+                        alone.level(streams, n)
                 results[ENGINE] = base.engine_levels(alone, levels, rounds, n, say)
         held.close()  # the engine's memory is free for the next mode
         if model_dir is not None and "serve" not in args.skip:
@@ -450,6 +466,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                 log = Path(tmp) / "serve.log"
                 with base.transformers_serve(model_dir, sizes, log, args.device) as url:
                     model = str(model_dir)  # transformers serve names a model by its path
+                    if warm:
+                        base.openai_levels(url, "none", model, levels, warm, n, None, client)
                     served = base.openai_levels(url, "none", model, levels, rounds, n, None, client)
                     results[SERVE] = served
                 say("transformers serve: done")
@@ -469,6 +487,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         "sizes": sizes,
         "max_tokens": n,
         "rounds": rounds,
+        "warm_rounds": warm,
         "client": client,
         "slo_ttft_ms": args.slo_ttft_ms,
         "slo_tpot_ms": args.slo_tpot_ms,
@@ -494,6 +513,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         " benchmark (default), or the openai SDK (its parsing shares the machine's CPU)",
     )
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--warm-rounds",
+        type=int,
+        default=0,
+        help="rounds at every level run first and not counted, for thaw, its off switch, the"
+        " engine and transformers serve (on a GPU a level's first rounds capture the step"
+        " shapes they meet)",
+    )
     p.add_argument("--cold-trials", type=int, default=3)
     p.add_argument(
         "--ttft-trials", type=int, default=15, help="one-stream TTFT calls per client (0: none)"
@@ -526,6 +553,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--streams takes numbers separated by commas, not {args.streams!r}")
     if not args.streams or min(args.streams) < 1 or args.rounds < 1 or args.max_tokens < 1:
         p.error("--streams, --rounds and --max-tokens must be positive")
+    if args.warm_rounds < 0:
+        p.error("--warm-rounds must not be negative")
     if args.server_processes < 1:
         p.error("--server-processes must be positive")
     if args.device == "cuda" and (why := no_cuda()) is not None:
@@ -547,8 +576,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"the bench stopped: {exc}") from None
     out = Console(width=None if sys.stdout.isatty() else 220)
     title = (
-        f"{doc['model']}: {doc['max_tokens']} tokens a stream, medians of {doc['rounds']},"
-        f" streams read by the {CLIENTS[doc['client']]}"
+        f"{doc['model']}: {doc['max_tokens']} tokens a stream, medians of {doc['rounds']}"
+        + (f" after {doc['warm_rounds']} warm" if doc["warm_rounds"] else "")
+        + f", streams read by the {CLIENTS[doc['client']]}"
     )
     tables = [streams_table(doc["rows"], title)]
     if doc["cpu_per_token"]:

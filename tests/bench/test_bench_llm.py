@@ -239,6 +239,7 @@ def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
         (["--skip", "serve,warp"], "--skip takes"),
         (["--url", "http://x", "--key", ""], "needs an API key"),
         (["--server-processes", "0"], "--server-processes must be positive"),
+        (["--warm-rounds", "-1"], "--warm-rounds must not be negative"),
     ]:
         with pytest.raises(SystemExit):
             parse_args(argv)
@@ -267,14 +268,16 @@ def _thaw_bench_llm(*args: str, timeout_s: float = 60) -> subprocess.CompletedPr
 def test_a_quick_run_sets_thaw_beside_every_baseline_and_naive(tmp_path: Path) -> None:
     out = tmp_path / "llm.json"
     args = ["--quick", "--streams", "1,3", "--rounds", "1", "--cold-trials", "1"]
-    args += ["--ttft-trials", "3"]
+    args += ["--ttft-trials", "3", "--warm-rounds", "1"]
     proc = _thaw_bench_llm(*args, "--max-tokens", "8", "--json", str(out), timeout_s=850)
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(out.read_text())
     modes = {(r["mode"], r["streams"]) for r in doc["rows"]}
     every_mode = (THAW, THAW_NARROW, ENGINE, GENERATE, SERVE)
     assert modes == {(m, n) for m in every_mode for n in (1, 3)}
+    assert doc["warm_rounds"] == 1 and "medians of 1 after 1 warm" in proc.stdout
     for row in doc["rows"]:
+        assert row["rounds"] == 1, row  # the warm round is not counted
         assert row["tokens"] > 0 and row["tokens_per_s"] > 0, row
         assert row["ttft_p50_ms"] is not None and 0 <= row["goodput"] <= 1, row
     thaw = [r for r in doc["rows"] if r["mode"] == THAW]
@@ -283,7 +286,7 @@ def test_a_quick_run_sets_thaw_beside_every_baseline_and_naive(tmp_path: Path) -
     # relayed them, and every level counts its own tokens.
     cpu = doc["cpu_per_token"]
     assert [c["streams"] for c in cpu] == [1, 3]
-    for level, row in zip(cpu, thaw, strict=True):
+    for level, row in zip(cpu, thaw, strict=True):  # the warm round's tokens not counted
         assert level["tokens"] == row["tokens"] * row["rounds"], (level, row)
         ms = level["ms_per_token"]
         assert set(ms) == {"server", "worker", "replica", "clients"}
