@@ -128,8 +128,6 @@ def reset_after_failed_capture(device: Any) -> None:
     succeeds, so after a failed one every random draw outside a capture raises
     "Offset increment outside graph capture encountered unexpectedly"; a fresh state
     at the same seed takes its place. Nothing to do off CUDA."""
-    import torch
-
     if device.type != "cuda":
         return
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -171,7 +169,7 @@ def install_capture_gate(manager: Any, gate: CaptureGate) -> None:
     prepares steps ahead keeps its graphs per input pair, and is left as it is."""
     runner = manager.batch_processor.model_runner
     io = runner.inputs_and_outputs
-    if not hasattr(io, "_get_graph_key"):
+    if not (hasattr(io, "_get_graph_key") and hasattr(io, "graphs")):
         return
     compute = runner.compute_batch
 
