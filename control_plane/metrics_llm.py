@@ -104,3 +104,13 @@ class LLMMetrics:
             "thaw_llm_num_requests_running_max",
             "The most requests an LLM replica's running batch has held since it started",
         )
+        self.cuda_graph_captures = replica_gauge(
+            "thaw_llm_cuda_graph_captures",
+            "CUDA graphs an LLM replica's engine captured for step shapes that came again, "
+            "since its start (each stalls its batch for about two forwards)",
+        )
+        self.cuda_graph_eager_steps = replica_gauge(
+            "thaw_llm_cuda_graph_eager_steps",
+            "Steps an LLM replica's engine on CUDA graphs ran eagerly, on the first coming "
+            "of their shape, since its start",
+        )

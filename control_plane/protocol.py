@@ -255,6 +255,10 @@ class EngineStats(BaseModel):
     kv_cache_usage: float = Field(default=0.0, ge=0, le=1)  # share of KV blocks live requests hold
     peak_running: Count = 0  # the most requests one running batch held since the replica started
     aborted: Count = 0  # requests cancelled before they finished since it started
+    # v1.11, optional: on CUDA graphs, since the engine's start probe, graphs captured
+    # for step shapes that came again, and steps run eagerly on their shape's first coming.
+    graph_captures: Count = 0
+    graph_eager_steps: Count = 0
 
 
 class ReplicaReport(BaseModel):

@@ -73,6 +73,8 @@ def refresh_engine_gauges(session: Session, m: LLMMetrics) -> None:
     kv: dict[tuple[str, ...], float] = {}
     peak: dict[tuple[str, ...], float] = {}
     aborted: dict[tuple[str, ...], float] = {}
+    captures: dict[tuple[str, ...], float] = {}
+    eager: dict[tuple[str, ...], float] = {}
     for w in session.scalars(select(Worker).where(Worker.lost.is_(False))):
         for replica_id, stats in inventory.decode(w.inventory_json).engines:
             function = live.get(replica_id)
@@ -82,8 +84,11 @@ def refresh_engine_gauges(session: Session, m: LLMMetrics) -> None:
             running[labels], waiting[labels] = stats.running, stats.waiting
             kv[labels], peak[labels] = stats.kv_cache_usage, stats.peak_running
             aborted[labels] = stats.aborted
+            captures[labels], eager[labels] = stats.graph_captures, stats.graph_eager_steps
     set_series(m.num_requests_running, running)
     set_series(m.num_requests_waiting, waiting)
     set_series(m.kv_cache_usage_perc, kv)
     set_series(m.num_requests_running_max, peak)
     set_series(m.num_requests_aborted, aborted)
+    set_series(m.cuda_graph_captures, captures)
+    set_series(m.cuda_graph_eager_steps, eager)

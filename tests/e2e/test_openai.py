@@ -333,6 +333,27 @@ def test_eight_concurrent_streams_share_engine_steps(stack: Stack) -> None:
         time.sleep(0.1)
 
 
+def test_the_replicas_engine_reports_its_graph_counts_none_off_a_gpu(stack: Stack) -> None:
+    """The engine's CUDA graph counts reach /metrics per replica, from its worker's
+    heartbeat, beside its load; this machine has no GPU, so the engine runs eagerly and
+    both are 0."""
+    sdk(stack).completions.create(model=FUNCTION, prompt="Graphs?", max_tokens=4)
+    names = ("thaw_llm_cuda_graph_captures", "thaw_llm_cuda_graph_eager_steps")
+
+    def exported() -> dict[str, float]:
+        return {
+            series: value
+            for series, value in llm_metrics(stack).items()
+            if series.startswith(tuple(name + "{" for name in names))
+        }
+
+    deadline = time.monotonic() + 20
+    while len(exported()) < len(names):
+        assert time.monotonic() < deadline, llm_metrics(stack)
+        time.sleep(0.1)
+    assert set(exported().values()) == {0.0}
+
+
 def test_a_call_lands_in_the_token_level_metrics_and_its_record(stack: Stack) -> None:
     before = llm_metrics(stack)
     reply = sdk(stack).completions.create(

@@ -128,12 +128,15 @@ class LLMFunction:
         if llm is None:
             return None
         running, waiting, kv_usage = llm.engine.load()
+        gate = llm.engine.capture_gate
         return EngineStats(
             running=running,
             waiting=waiting + llm.gate.waiting(),
             kv_cache_usage=kv_usage,
             peak_running=llm.engine.peak_active,
             aborted=llm.engine.aborted,
+            graph_captures=0 if gate is None else gate.captures,
+            graph_eager_steps=0 if gate is None else gate.eager_steps,
         )
 
     def close(self) -> None:

@@ -371,3 +371,42 @@ def test_a_pushed_call_for_an_unknown_adapter_is_a_request_error(
     frames, _sent = step_frames
     with pytest.raises(LLMRequestError, match="unknown adapter"):
         _push(function, frames, {"prompt": "Hi"}, _call(stream=True, adapter="nope"))
+
+
+def test_the_engine_stats_count_graph_captures_and_eager_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Graphs tried on the CPU (where transformers runs every step eagerly), on a function
+    without adapters: its engine's gate counts a call's shapes held back the first time
+    and let through when the same call comes again, and the stats carry both counts."""
+    import worker.llm.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "can_graph", lambda m: True)
+    model_dir = build_model(tmp_path / "model")
+    ctx = Context(
+        device="cpu",
+        weights=tensors_of(model_dir),
+        config=json.loads((model_dir / "config.json").read_text()),
+        files=model_dir,
+    )
+    fn = LLMFunction(LLMOptions(max_num_seqs=2, kv_cache_mb=2, max_tokens_limit=16))
+    fn.setup(ctx)
+    try:
+        before = fn.engine_stats()
+        assert before is not None and (before.graph_captures, before.graph_eager_steps) == (0, 0)
+        request = {"prompt": "Graphs", "max_tokens": 4, "temperature": 0}
+        first = fn(request, _call())
+        held = fn.engine_stats()
+        assert held is not None and held.graph_eager_steps > 0 and held.graph_captures == 0
+        assert fn(request, _call()) == first
+        after = fn.engine_stats()
+        assert after is not None and after.graph_captures > 0
+        assert after.graph_eager_steps == held.graph_eager_steps
+    finally:
+        fn.close()
+
+
+def test_the_engine_stats_of_an_engine_without_graphs_count_none(function: LLMFunction) -> None:
+    function({"prompt": "Eager", "max_tokens": 3, "temperature": 0}, _call())
+    stats = function.engine_stats()
+    assert stats is not None and (stats.graph_captures, stats.graph_eager_steps) == (0, 0)
