@@ -456,9 +456,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                     say("TTFT at one stream: done")
         if model_dir is not None and "engine" not in args.skip and ENGINE not in results:
             with base.in_process(model_dir, sizes, args.device) as alone:  # beside --url
-                for _ in range(warm):
-                    for streams in levels:
-                        alone.level(streams, n)
+                base.engine_levels(alone, levels, warm, n, lambda _: None)  # not counted
                 results[ENGINE] = base.engine_levels(alone, levels, rounds, n, say)
         held.close()  # the engine's memory is free for the next mode
         if model_dir is not None and "serve" not in args.skip:

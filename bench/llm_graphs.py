@@ -1,7 +1,7 @@
 """The LLM engine's CUDA graph settings, side by side on one model in this process:
 
     python bench/llm_graphs.py [--model DIR] [--quick] [--streams 8,32] [--rounds 5]
-                               [--settings eager,transformers,thaw,thaw-ahead]
+                               [--settings eager,transformers,thaw,thaw-first,thaw-ahead]
                                [--spread-ms 0] [--device cuda] [--json -|PATH]
 
 Each setting is the engine thaw's LLM functions run (``worker.llm.engine.Engine``, its

@@ -160,17 +160,17 @@ class CaptureGate:
         return False
 
 
-def install_capture_gate(manager: Any, gate: CaptureGate) -> None:
+def install_capture_gate(manager: Any, gate: CaptureGate) -> bool:
     """Puts ``gate`` before the graph captures of ``manager``'s model runner (an instance
     attribute over transformers' ``ModelRunner.compute_batch``): a step whose shape has
     no graph and that the gate holds back runs with the runner's graphs off, eagerly on
     the same padded inputs (transformers' capture runs that same eager forward first).
     The batch processor must exist (``manager.warmup()`` makes it). A runner that
-    prepares steps ahead keeps its graphs per input pair, and is left as it is."""
+    prepares steps ahead keeps its graphs per input pair, and is left as it is: False."""
     runner = manager.batch_processor.model_runner
     io = runner.inputs_and_outputs
     if not (hasattr(io, "_get_graph_key") and hasattr(io, "graphs")):
-        return
+        return False
     compute = runner.compute_batch
 
     def gated(model: Any, batch_data: Any) -> None:
@@ -186,6 +186,7 @@ def install_capture_gate(manager: Any, gate: CaptureGate) -> None:
             runner.use_cuda_graph_varlen, runner.use_cuda_graph_decode = graphs
 
     runner.compute_batch = gated
+    return True
 
 
 @dataclass(frozen=True)
@@ -354,8 +355,9 @@ class Engine:
             self._manager = manager(False)
         self.capture_gate: CaptureGate | None = None
         if self.cuda_graphs:  # after the probe, which captures its shapes at once
-            self.capture_gate = CaptureGate(capture_at)
-            install_capture_gate(self._manager, self.capture_gate)
+            gate = CaptureGate(capture_at)
+            if install_capture_gate(self._manager, gate):
+                self.capture_gate = gate
         self._lock = threading.Lock()
         self._streams: dict[str, _Stream] = {}
         self._closed = threading.Event()
