@@ -1,13 +1,17 @@
 """The LLM engine's CUDA graph settings, side by side on one model in this process:
 
     python bench/llm_graphs.py [--model DIR] [--quick] [--streams 8,32] [--rounds 5]
-                               [--settings eager,transformers,thaw,thaw-first,thaw-ahead]
+                               [--settings eager,eager-dense,transformers,thaw,thaw-first,
+                                           thaw-ahead]
                                [--spread-ms 0] [--device cuda] [--json -|PATH]
 
 Each setting is the engine thaw's LLM functions run (``worker.llm.engine.Engine``, its
 sizes as bench/llm.py's), started afresh on the model:
 
-    eager         ``cuda_graphs`` off: every step launches its kernels one by one
+    eager         ``cuda_graphs`` off: every step launches its kernels one by one,
+                  attending sequence by sequence (``worker.llm.attention``)
+    eager-dense   eager, with transformers' dense attention mask as wide as the cache
+                  (``varlen_attention`` off)
     transformers  graphs at transformers' own padding (queries to 64 tokens, keys and
                   values to 16,384), each shape captured the first time it comes: what
                   ``use_cuda_graph=True`` alone gives
@@ -24,9 +28,11 @@ meets and are not counted (``--rounds`` counts them), the figures are the median
 the rest. ``--spread-ms`` sends each round's requests at random offsets over that many
 ms instead of at once, as requests reach a server's engine one by one; the table then
 shows the graphs each counted round captured (a shape met for the first time) and the
-time spent capturing. Four greedy prompts are run first under each setting; the table says whether
-their tokens equal the first setting's. Needs a CUDA device for every setting but
-``eager`` (graphs are CUDA's); ``--device cpu`` runs them all eagerly, as a check.
+time spent capturing. The table also shows each setting's first request (the batch
+starts then: a dense mask is allocated and filled) and the dense mask's size. Four
+greedy prompts are run first under each setting; the table says whether their tokens
+equal the first setting's. Needs a CUDA device for every setting but ``eager`` and
+``eager-dense`` (graphs are CUDA's); ``--device cpu`` runs them all eagerly, as a check.
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ from bench._common import (
 )
 from bench.llm import level_row, model_dir_of, sizes_of
 
-SETTINGS = ("eager", "transformers", "thaw", "thaw-first", "thaw-ahead")
+SETTINGS = ("eager", "eager-dense", "transformers", "thaw", "thaw-first", "thaw-ahead")
 UNCOUNTED_ROUNDS = 2  # a level's first rounds capture the shapes it meets
 GREEDY_TOKENS = 24
 LEVEL_FIGURES = ("streams", "rounds", "tokens_per_s", "ttft_p50_ms", "tpot_p50_ms")
@@ -117,14 +123,23 @@ def run_setting(
 ) -> dict[str, Any]:
     from worker.llm.engine import GRAPH_CAPTURE_AT, Engine, Sampling
 
-    engine_sizes = replace(base.engine_sizes(sizes), cuda_graphs=setting != "eager")
+    eager = setting.startswith("eager")
+    engine_sizes = replace(base.engine_sizes(sizes), cuda_graphs=not eager)
     capture_at = 1 if setting in ("transformers", "thaw-first") else GRAPH_CAPTURE_AT
     with transformers_config(**overrides_of(setting, args.device)):
         engine = Engine(
-            model, engine_sizes, eos_token_ids=base.eos_ids(model), capture_at=capture_at
+            model,
+            engine_sizes,
+            eos_token_ids=base.eos_ids(model),
+            capture_at=capture_at,
+            varlen_attention=setting != "eager-dense",
         )
     try:
         ran = base.InProcess(engine, tokenizer, [tokenizer(p)["input_ids"] for p in base.PROMPTS])
+        start = time.perf_counter()
+        for _ in engine.generate(ran.ids[0], Sampling(1)):
+            pass
+        first_ms = (time.perf_counter() - start) * 1000
         greedy = [
             [t for step in engine.generate(ids, Sampling(GREEDY_TOKENS)) for t in step.token_ids]
             for ids in ran.ids[:4]
@@ -147,10 +162,18 @@ def run_setting(
             "setting": setting,
             "graphs": engine.cuda_graphs,
             "greedy": greedy,
+            "first_request_ms": first_ms,
+            "dense_mask_mb": dense_mask_bytes(engine) / 2**20,
             "levels": levels,
         }
     finally:
         engine.close()
+
+
+def dense_mask_bytes(engine: Any) -> int:
+    """The bytes of the dense attention mask ``engine``'s batch keeps (0: none)."""
+    masks = engine._manager.batch_processor.model_runner.inputs_and_outputs.attention_mask
+    return sum(m.numel() * m.element_size() for m in (masks or {}).values())
 
 
 def table(results: list[dict[str, Any]], title: str) -> TableSpec:
@@ -169,8 +192,10 @@ def table(results: list[dict[str, Any]], title: str) -> TableSpec:
         "x eager",
         "TTFT p50 ms",
         "TPOT p50 ms",
-        "graphs captured a round",
-        "capture ms a round",
+        "captures a round",
+        "capture ms",
+        "first request ms",
+        "dense mask MB",
         "greedy as " + first["setting"],
     ]
     body = []
@@ -189,6 +214,8 @@ def table(results: list[dict[str, Any]], title: str) -> TableSpec:
                     f"{lv['tpot_p50_ms']:.2f}",
                     f"{lv['captures']:g}",
                     f"{lv['capture_ms']:.1f}",
+                    f"{r['first_request_ms']:.0f}",
+                    f"{r['dense_mask_mb']:.0f}",
                     same,
                 ]
             )
@@ -235,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{model_dir.name} on {args.device}: {args.max_tokens} tokens a stream, {arrivals};"
         f" medians of the rounds after the first {UNCOUNTED_ROUNDS}"
     )
-    render_table(table(results, title), Console(width=None if sys.stdout.isatty() else 160))
+    render_table(table(results, title), Console(width=None if sys.stdout.isatty() else 200))
     if args.json_out:
         doc = {"machine": machine_description(), "model": str(model_dir), "results": results}
         write_json(doc, args.json_out)

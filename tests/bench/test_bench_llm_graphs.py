@@ -26,17 +26,21 @@ def test_a_quick_run_on_the_cpu_shows_every_setting(
 ) -> None:
     out = tmp_path / "graphs.json"
     args = ["--quick", "--device", "cpu", "--streams", "1,2", "--rounds", "1"]
-    args += ["--max-tokens", "4", "--data-dir", str(tmp_path), "--json", str(out)]
+    args += ["--max-tokens", "4", "--kv-cache-mb", "8"]
+    args += ["--data-dir", str(tmp_path), "--json", str(out)]
     assert llm_graphs.main(args) == 0
     results = json.loads(out.read_text())["results"]
     assert [r["setting"] for r in results] == list(llm_graphs.SETTINGS)
     for r in results:
         assert r["graphs"] is False  # no CUDA here
+        # eager steps attend per sequence, but with the dense mask named off
+        assert (r["dense_mask_mb"] > 0) is (r["setting"] == "eager-dense")
+        assert r["first_request_ms"] > 0
         assert r["greedy"] == results[0]["greedy"] and all(r["greedy"])
         assert [lv["streams"] for lv in r["levels"]] == [1, 2]
         assert all(lv["tokens_per_s"] > 0 for lv in r["levels"])
     shown = capsys.readouterr().out
-    assert "thaw-ahead" in shown and "greedy as eager" in shown
+    assert "thaw-ahead" in shown and "greedy as eager" in shown and "dense mask MB" in shown
 
 
 def test_bad_settings_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
@@ -77,4 +81,4 @@ def test_a_spread_run_shows_the_graphs_each_round_captured(
     assert level["captures_per_round"] == [0, 0, 0]  # no graphs off CUDA
     assert level["captures"] == 0 and level["capture_ms"] == 0
     shown = capsys.readouterr().out
-    assert "sent over 40 ms" in shown and "graphs captured a round" in shown
+    assert "sent over 40 ms" in shown and "captures a round" in shown
