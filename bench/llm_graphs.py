@@ -9,9 +9,9 @@ Each setting is the engine thaw's LLM functions run (``worker.llm.engine.Engine`
 sizes as bench/llm.py's), started afresh on the model:
 
     eager         ``cuda_graphs`` off: every step launches its kernels one by one,
-                  attending sequence by sequence (``worker.llm.attention``)
+                  each under a mask of its own size (``worker.llm.attention``)
     eager-dense   eager, with transformers' dense attention mask as wide as the cache
-                  (``varlen_attention`` off)
+                  (``step_masks`` off)
     transformers  graphs at transformers' own padding (queries to 64 tokens, keys and
                   values to 16,384), each shape captured the first time it comes: what
                   ``use_cuda_graph=True`` alone gives
@@ -132,7 +132,7 @@ def run_setting(
             engine_sizes,
             eos_token_ids=base.eos_ids(model),
             capture_at=capture_at,
-            varlen_attention=setting != "eager-dense",
+            step_masks=setting != "eager-dense",
         )
     try:
         ran = base.InProcess(engine, tokenizer, [tokenizer(p)["input_ids"] for p in base.PROMPTS])

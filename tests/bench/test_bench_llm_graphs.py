@@ -33,7 +33,7 @@ def test_a_quick_run_on_the_cpu_shows_every_setting(
     assert [r["setting"] for r in results] == list(llm_graphs.SETTINGS)
     for r in results:
         assert r["graphs"] is False  # no CUDA here
-        # eager steps attend per sequence, but with the dense mask named off
+        # every setting makes its steps' masks but the one named for the dense mask
         assert (r["dense_mask_mb"] > 0) is (r["setting"] == "eager-dense")
         assert r["first_request_ms"] > 0
         assert r["greedy"] == results[0]["greedy"] and all(r["greedy"])

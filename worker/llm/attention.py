@@ -1,26 +1,23 @@
-"""Attention for the engine's eager steps, sequence by sequence, with no dense mask.
+"""Attention for the engine's eager steps under a mask of the step's own size.
 
 transformers' continuous batching packs a step's sequences into one row of queries and
-one row of the keys and values each reads from the paged cache. With ``sdpa`` it then
-keeps a dense mask of ``max_batch_tokens`` by (every token the cache holds +
-``max_batch_tokens``) per layer type, fills the step's corner of it every step, and
-attends every query to every key of the step, its own sequence's or not. The mask's
-size follows the cache, not the model: a 256 MB cache of a small model holds 524,288
-tokens, so its mask is 1 GiB of fp32, written in full when the batch starts and refilled
-in part at each step.
+one row of the keys and values each reads from the paged cache. With ``sdpa`` it keeps
+a dense float mask of ``max_batch_tokens`` by (every token the cache holds +
+``max_batch_tokens``) per layer type, fills all of it when the batch starts, and at each
+step refills the step's corner and writes each sequence's block into it, one sequence
+at a time in Python. The mask's size follows the cache, not the model: a 256 MB cache of
+a small model holds 524,288 tokens, so its mask is 1 GiB of fp32.
 
-``varlen_sdpa`` attends each sequence's queries to its own keys instead: the packed rows
-are gathered into a padded batch by the step's cumulative lengths
-(``cu_seq_lens_q``/``cu_seq_lens_k``), one ``scaled_dot_product_attention`` runs with a
-boolean mask of the batch's own size (causal from each sequence's last key, within the
-layer's sliding window if it has one), and the outputs go back to their packed places.
-The mask it replaces holds the same rule (``build_attention_mask``), so the outputs are
-the same; ``use_varlen_attention(model)`` turns it on for a model's engine, and the
-library then builds no dense mask for it.
+``packed_sdpa`` makes the step's mask instead, ``[query tokens, key tokens]`` of
+booleans, from the step's cumulative lengths (``cu_seq_lens_q``/``cu_seq_lens_k``) in a
+few tensor operations (``step_mask``): a query sees the keys of its own sequence up to
+its place, within the layer's sliding window if it has one, the rule of the library's
+``build_attention_mask``. It is made for a step's first layer and kept for the others.
+``use_step_masks(model)`` turns it on for a model's engine, and the library then keeps
+no dense mask for it.
 
-Only for steps that run eagerly: its shapes follow each step's longest sequence, which a
-CUDA graph, captured once for a padded shape, cannot follow. Figures: bench/README.md,
-"Attention without the dense mask".
+Only for steps that run eagerly: a CUDA graph replays the library's own masked step.
+Figures: bench/README.md, "The dense attention mask".
 """
 
 from __future__ import annotations
@@ -31,12 +28,51 @@ from typing import Any
 
 import torch
 
-_FLAG = "_thaw_varlen_attention"  # on a model's config: its engine attends per sequence
+_FLAG = "_thaw_step_masks"  # on a model's config: its engine makes each step's mask
 _installed = threading.Lock()
 _original_sdpa: Callable[..., Any] | None = None
 
 
-def varlen_sdpa(
+class _StepMasks(threading.local):
+    """The last step's masks in this thread, one per sliding window (None: full
+    attention), each with what it was made for: every layer of a step (of a layer type)
+    gets the same cumulative-length tensors, a new step new ones."""
+
+    def __init__(self) -> None:
+        self.by_window: dict[int | None, tuple[tuple[Any, ...], torch.Tensor]] = {}
+
+
+_step_masks = _StepMasks()
+
+
+def step_mask(
+    cu_q: torch.Tensor, cu_k: torch.Tensor, q_tokens: int, k_tokens: int, window: int | None
+) -> torch.Tensor:
+    """``[q_tokens, k_tokens]``, True where a query may see a key: a key of its own
+    sequence, at or before the query's place (the sequence's last query is its last key),
+    within ``window`` keys if given. A query after the last sequence (padding) sees the
+    first key only, so that no row is all masked (NaN)."""
+    device = cu_q.device
+    cu_q, cu_k = cu_q.long(), cu_k.long()
+    sequences = cu_q.numel() - 1
+    tq = torch.arange(q_tokens, device=device)
+    tk = torch.arange(k_tokens, device=device)
+    seq_q = torch.searchsorted(cu_q[1:], tq, right=True)  # == sequences: a padded query
+    seq_k = torch.searchsorted(cu_k[1:], tk, right=True)
+    # Per sequence, with one more entry for the padding's index.
+    starts_q = torch.cat([cu_q[:-1], cu_q[-1:]])
+    starts_k = torch.cat([cu_k[:-1], cu_k[-1:]])
+    behind = torch.cat([(cu_k[1:] - cu_k[:-1]) - (cu_q[1:] - cu_q[:-1]), cu_q.new_zeros(1)])
+    place = behind[seq_q] + tq - starts_q[seq_q]  # the query's place among its keys
+    at = tk - starts_k[seq_k]  # the key's place in its sequence
+    mask = (seq_q[:, None] == seq_k[None, :]) & (at[None, :] <= place[:, None])
+    if window:
+        mask &= at[None, :] > place[:, None] - int(window)
+    padded = (seq_q == sequences)[:, None]
+    return torch.where(padded, (tk == 0)[None, :], mask)
+
+
+def packed_sdpa(
     module: Any,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -46,48 +82,38 @@ def varlen_sdpa(
     scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Attention over a continuous-batching step's packed sequences, each on its own
-    keys. ``query`` is ``[1, heads, q_tokens, dim]`` and ``key``/``value``
-    ``[1, kv_heads, k_tokens, dim]``, packed by ``cu_seq_lens_q``/``cu_seq_lens_k``
-    (fake sequences of length 0 and padded tokens after the last sequence allowed);
-    returns ``[1, q_tokens, heads, dim]`` as transformers' attention functions do
-    (padded tokens' rows are zeros)."""
+    """``scaled_dot_product_attention`` over a continuous-batching step's packed
+    sequences, each query on its own sequence's keys. ``query`` is
+    ``[1, heads, q_tokens, dim]`` and ``key``/``value`` ``[1, kv_heads, k_tokens, dim]``,
+    packed by ``cu_seq_lens_q``/``cu_seq_lens_k`` (fake sequences of length 0 and padded
+    tokens after the last sequence allowed); returns ``[1, q_tokens, heads, dim]`` as
+    transformers' attention functions do. The mask (``step_mask``) is made once a step
+    and sliding window, for its first layer, and kept for the others."""
     cu_q, cu_k = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
-    max_q, max_k = int(kwargs["max_length_q"]), int(kwargs["max_length_k"])
     window = kwargs.get("sliding_window")
-    device = query.device
-    len_q, len_k = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
-    q_tokens = query.shape[2]
-    iq = torch.arange(max_q, device=device)
-    ik = torch.arange(max_k, device=device)
-    valid_q = iq[None, :] < len_q[:, None]  # [batch, max_q]
-    valid_k = ik[None, :] < len_k[:, None]  # [batch, max_k]
-    at_q = torch.where(valid_q, cu_q[:-1, None] + iq[None, :], 0)
-    at_k = torch.where(valid_k, cu_k[:-1, None] + ik[None, :], 0)
-    q = query[0][:, at_q].transpose(0, 1)  # [batch, heads, max_q, dim]
-    k = key[0][:, at_k].transpose(0, 1)
-    v = value[0][:, at_k].transpose(0, 1)
-    # A query's place among its sequence's keys: the last query is the last key.
-    place = (len_k - len_q)[:, None] + iq[None, :]  # [batch, max_q]
-    allowed = valid_k[:, None, :] & (ik[None, None, :] <= place[:, :, None])
-    if window:
-        allowed &= ik[None, None, :] > place[:, :, None] - int(window)
-    # A padded query row attends to one key, so no row is all masked (NaN); it is dropped.
-    allowed |= (~valid_q)[:, :, None] & (ik == 0)[None, None, :]
+    shape = (query.shape[2], key.shape[2], window)
+    # The same tensors, unchanged since (in-place writes move a tensor's version): the
+    # same step. Kept, they hold the tensors, so their ids are not reused meanwhile.
+    made_for = (cu_q, cu_k, cu_q._version, cu_k._version, *shape)
+    kept = _step_masks.by_window.get(window)
+    if kept is None or not _same(kept[0], made_for):
+        kept = (made_for, step_mask(cu_q, cu_k, *shape))
+        _step_masks.by_window[window] = kept
+    mask = kept[1]
     out = torch.nn.functional.scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        attn_mask=allowed[:, None],
+        query,
+        key,
+        value,
+        attn_mask=mask,
         dropout_p=dropout,
         scale=scaling,
-        enable_gqa=q.shape[1] != k.shape[1],
-    )  # [batch, heads, max_q, dim]
-    rows = out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3])
-    to = torch.where(valid_q, at_q, q_tokens).reshape(-1)  # padded rows: one spare row
-    packed = rows.new_zeros(q_tokens + 1, rows.shape[1], rows.shape[2])
-    packed.index_copy_(0, to, rows)
-    return packed[:q_tokens].unsqueeze(0), None
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
+    return out.transpose(1, 2), None
+
+
+def _same(made_for: tuple[Any, ...], step: tuple[Any, ...]) -> bool:
+    return made_for[0] is step[0] and made_for[1] is step[1] and made_for[2:] == step[2:]
 
 
 def _sdpa(
@@ -99,18 +125,18 @@ def _sdpa(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, Any]:
     """transformers' ``sdpa``, except for a continuous-batching step with no mask: a
-    step of a model ``use_varlen_attention`` was given (the library built no mask, and
+    step of a model ``use_step_masks`` was given (the library built no mask, and
     packed sequences must not see each other)."""
     if attention_mask is None and kwargs.get("cu_seq_lens_q") is not None:
         kwargs.pop("is_causal", None)
-        return varlen_sdpa(module, query, key, value, None, **kwargs)
+        return packed_sdpa(module, query, key, value, None, **kwargs)
     assert _original_sdpa is not None
     return _original_sdpa(module, query, key, value, attention_mask, **kwargs)
 
 
 def _install() -> None:
-    """Once per process: ``_sdpa`` as transformers' ``sdpa``, and no dense mask built for
-    a model that ``use_varlen_attention`` was given."""
+    """Once per process: ``_sdpa`` as transformers' ``sdpa``, and no dense mask kept for
+    a model that ``use_step_masks`` was given."""
     global _original_sdpa
     with _installed:
         if _original_sdpa is not None:
@@ -129,10 +155,10 @@ def _install() -> None:
         AttentionInterface.register("sdpa", _sdpa)
 
 
-def use_varlen_attention(model: Any, on: bool = True) -> bool:
-    """Whether ``model``'s continuous-batching steps attend per sequence (``varlen_sdpa``)
-    from its next batch on: only with ``sdpa`` (with another attention, the library's
-    own is kept, and False)."""
+def use_step_masks(model: Any, on: bool = True) -> bool:
+    """Whether ``model``'s continuous-batching steps make their own masks
+    (``packed_sdpa``) from its next batch on: only with ``sdpa`` (with another
+    attention, the library's own way is kept, and False)."""
     if on and model.config._attn_implementation != "sdpa":
         on = False
     if on:

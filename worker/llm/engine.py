@@ -36,9 +36,10 @@ the engine one by one make mixes of prefill and decode that may never come again
 capturing one stalls the whole batch for two forwards. Figures: bench/README.md,
 "Seventh run" and "Eighth run".
 
-Off CUDA graphs a step attends sequence by sequence (``worker.llm.attention``): with
-``sdpa`` transformers keeps a dense mask as wide as the whole cache (1 GiB for a small
-model's 256 MB cache) and refills part of it every step.
+Off CUDA graphs a step makes an attention mask of its own size (``worker.llm.attention``):
+with ``sdpa`` transformers keeps a dense mask as wide as the whole cache (1 GiB for a
+small model's 256 MB cache), fills it when the batch starts and refills part of it every
+step.
 
 Sizes are explicit (``EngineSizes``): the KV cache gets ``kv_cache_bytes``, never
 "most of free memory" (transformers' default without ``num_blocks`` is about 60 %
@@ -294,17 +295,17 @@ class Engine:
         eos_token_ids: list[int],
         threads: StepThreads | None = None,
         capture_at: int = GRAPH_CAPTURE_AT,
-        varlen_attention: bool = True,
+        step_masks: bool = True,
     ) -> None:
         """``threads``, on a CPU: each step's torch threads (``worker.llm.threads``);
         None leaves the process's own. ``capture_at``, with CUDA graphs: the time a step
         shape comes that captures its graph (1: the first, as transformers does).
-        ``varlen_attention``: eager steps attend sequence by sequence, with no dense mask
-        (``worker.llm.attention``); False keeps transformers' masked ``sdpa``."""
+        ``step_masks``: an eager step makes a mask of its own size (``worker.llm.attention``);
+        False keeps transformers' dense mask as wide as the cache."""
         from transformers import GenerationConfig
         from transformers.generation import ContinuousBatchingConfig
 
-        from worker.llm.attention import use_varlen_attention
+        from worker.llm.attention import use_step_masks
         from worker.llm.seeded import install_seeded_draw
 
         self.sizes = sizes
@@ -340,7 +341,7 @@ class Engine:
                 **graphed,
             )
             # Read when the batch starts: a graph keeps the shapes it was captured with.
-            self.varlen_attention = use_varlen_attention(model, varlen_attention and not graphs)
+            self.step_masks = use_step_masks(model, step_masks and not graphs)
             made = model.init_continuous_batching(
                 generation_config=generation, continuous_batching_config=batching
             )

@@ -1,6 +1,7 @@
-"""Attention per sequence (``worker.llm.attention``): on a packed step it gives what
+"""Step masks (``worker.llm.attention``): on a packed step the attention gives what
 transformers' dense mask gives (the library's own ``build_attention_mask``, the oracle),
-and an engine that uses it builds no dense mask and answers as ``generate`` does."""
+and an engine that uses it builds no dense mask and answers as ``generate`` does, on a
+model with sliding-window layers too."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 from transformers.generation.continuous_batching.utils import build_attention_mask
 
 from tests.worker.llm.test_engine import EOS, VOCAB, generate_alone, run_to_end, tiny_llama
-from worker.llm.attention import varlen_sdpa
+from worker.llm import attention
+from worker.llm.attention import packed_sdpa
 from worker.llm.engine import Engine, EngineSizes, Sampling
 
 HEADS, KV_HEADS, DIM = 4, 2, 8
@@ -59,7 +61,7 @@ def _with_dense_mask(
 @pytest.mark.parametrize("window", [1, 4], ids=["causal", "sliding-window-4"])
 def test_per_sequence_attention_equals_the_dense_masks(window: int) -> None:
     query, key, value, cu_q, cu_k = _packed(seed=window)
-    out, weights = varlen_sdpa(
+    out, weights = packed_sdpa(
         None,
         query,
         key,
@@ -76,7 +78,7 @@ def test_per_sequence_attention_equals_the_dense_masks(window: int) -> None:
     real = cu_q[-1]
     expected = _with_dense_mask(query, key, value, cu_q, cu_k, window)
     torch.testing.assert_close(out[:, :real], expected[:, :real])
-    assert not out[:, real:].any()  # padded queries' rows are zeros, not NaN
+    assert out[:, real:].isfinite().all()  # padded queries: dropped, but not NaN
 
 
 def test_a_sequence_never_sees_another_sequences_keys() -> None:
@@ -87,15 +89,44 @@ def test_a_sequence_never_sees_another_sequences_keys() -> None:
         "max_length_q": 5,
         "max_length_k": 12,
     }
-    before, _ = varlen_sdpa(None, query, key, value, None, **kwargs)
+    before, _ = packed_sdpa(None, query, key, value, None, **kwargs)
     other = value.clone()
     other[:, :, cu_k[1] : cu_k[2]] += 100.0  # the second sequence's values only
-    after, _ = varlen_sdpa(None, query, key, other, None, **kwargs)
+    after, _ = packed_sdpa(None, query, key, other, None, **kwargs)
     second = slice(cu_q[1], cu_q[2])
     assert not torch.allclose(before[:, second], after[:, second])
     rest = torch.ones(query.shape[2], dtype=torch.bool)
     rest[second] = False
     torch.testing.assert_close(before[:, rest], after[:, rest])
+
+
+def test_a_steps_mask_is_kept_for_its_layers_and_made_again_for_the_next_step() -> None:
+    query, key, value, cu_q, cu_k = _packed(seed=11)
+    lengths_q = torch.tensor(cu_q, dtype=torch.int32)
+    lengths_k = torch.tensor(cu_k, dtype=torch.int32)
+
+    def attend() -> torch.Tensor:
+        kwargs = {"cu_seq_lens_q": lengths_q, "cu_seq_lens_k": lengths_k}
+        out, _ = packed_sdpa(
+            None, query, key, value, None, max_length_q=1, max_length_k=1, **kwargs
+        )
+        return out
+
+    first = attend()
+    kept = attention._step_masks.by_window[None][1]
+    torch.testing.assert_close(attend(), first)
+    assert attention._step_masks.by_window[None][1] is kept  # the same step's next layer
+    # The next step, in the same tensors written in place (as the library's static
+    # inputs are): other lengths, the same token counts.
+    cu_q2 = [0, 1, 4, 5, 9, 11, 14]
+    cu_k2 = [0, 3, 13, 15, 25, 30, cu_k[-1]]
+    lengths_q[:] = torch.tensor(cu_q2, dtype=torch.int32)
+    lengths_k[:] = torch.tensor(cu_k2, dtype=torch.int32)
+    second = attend()
+    assert attention._step_masks.by_window[None][1] is not kept
+    real = cu_q2[-1]
+    expected = _with_dense_mask(query, key, value, cu_q2, cu_k2, window=1)
+    torch.testing.assert_close(second[:, :real], expected[:, :real])
 
 
 def _dense_mask_of(engine: Engine) -> Any:
@@ -104,12 +135,38 @@ def _dense_mask_of(engine: Engine) -> Any:
     return processor.model_runner.inputs_and_outputs.attention_mask
 
 
-@pytest.mark.parametrize("varlen", [True, False], ids=["per-sequence", "dense-mask"])
-def test_an_engine_answers_as_generate_with_either_attention(varlen: bool) -> None:
-    model = tiny_llama()
+def tiny_qwen2_with_sliding_layers() -> Any:
+    """A 4-layer Qwen2, its last two layers in a sliding window of 8 tokens."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_sliding_window=True,
+        sliding_window=8,
+        layer_types=["full_attention"] * 2 + ["sliding_attention"] * 2,
+        max_position_embeddings=256,
+        eos_token_id=EOS,
+    )
+    m = Qwen2ForCausalLM(config).eval()
+    m.config._attn_implementation = "sdpa"
+    return m
+
+
+@pytest.mark.parametrize("step_masks", [True, False], ids=["step-mask", "dense-mask"])
+@pytest.mark.parametrize(
+    "make", [tiny_llama, tiny_qwen2_with_sliding_layers], ids=["llama", "qwen2-sliding"]
+)
+def test_an_engine_answers_as_generate_with_either_attention(step_masks: bool, make: Any) -> None:
+    model = make()
     # A batch of 32 tokens: the longer prompts are prefilled in chunks after a past.
     sizes = EngineSizes(max_num_seqs=8, max_batch_tokens=32, kv_cache_bytes=4 << 20)
-    engine = Engine(model, sizes, eos_token_ids=[EOS], varlen_attention=varlen)
+    engine = Engine(model, sizes, eos_token_ids=[EOS], step_masks=step_masks)
     try:
         g = torch.Generator().manual_seed(3)
         prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (2, 11, 40, 70)]
@@ -117,14 +174,14 @@ def test_an_engine_answers_as_generate_with_either_attention(varlen: bool) -> No
         with ThreadPoolExecutor(len(prompts)) as pool:
             got = list(pool.map(lambda p: run_to_end(engine, p, greedy)[0], prompts))
         assert got == [generate_alone(model, p, 12) for p in prompts]
-        assert engine.varlen_attention is varlen
+        assert engine.step_masks is step_masks
         mask = _dense_mask_of(engine)
-        if varlen:
+        if step_masks:
             assert mask is None
         else:  # transformers' own: a mask as wide as the cache, per layer type
             assert mask is not None
-            (dense,) = mask.values()
-            assert dense.shape[-2] == sizes.max_batch_tokens
-            assert dense.shape[-1] > engine.num_blocks * sizes.page_size_tokens
+            for dense in mask.values():  # one per layer type
+                assert dense.shape[-2] == sizes.max_batch_tokens
+                assert dense.shape[-1] > engine.num_blocks * sizes.page_size_tokens
     finally:
         engine.close()
