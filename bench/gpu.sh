@@ -12,8 +12,9 @@
 #    cold start (its engine's start now captures graphs and probes them);
 #    llm-graphs (only when named): bench/llm_graphs.py, the engine in-process at 8 and
 #    32 streams, each round's requests sent over 80 ms as a server's accepts reach it:
-#    eager, thaw's graphs (a shape captured when it comes again), and thaw's with each
-#    shape captured the first time;
+#    eager (with its step masks, and with the library's dense mask), thaw's graphs (a
+#    shape captured when it comes again), thaw's with each shape captured the first time,
+#    and thaw's graphs under step masks;
 #    llm-baselines (only when named in STEPS): the same at 8 and 32 streams with
 #    sequential `generate` and `transformers serve` beside it, for the x generate and
 #    x serve ratios (its log alone comes back: OUT holds 8 files at most);
@@ -105,8 +106,8 @@ done >>"$out/llm.log"
 tail -n 40 "$out/llm.log"
 
 # The engine's CUDA graph settings, side by side in one process.
-step llm-graphs 150 python3 bench/llm_graphs.py --device cuda --streams 8,32 --rounds 6 \
-  --settings eager,thaw,thaw-first --spread-ms 80 --data-dir "$data/llm"
+step llm-graphs 220 python3 bench/llm_graphs.py --device cuda --streams 8,32 --rounds 6 \
+  --settings eager,eager-dense,thaw,thaw-first,thaw-masks --spread-ms 80 --data-dir "$data/llm"
 tail -n 16 "$out/llm-graphs.log"
 
 # thaw beside sequential generate and transformers serve on the same GPU, one run.

@@ -2,7 +2,7 @@
 
     python bench/llm_graphs.py [--model DIR] [--quick] [--streams 8,32] [--rounds 5]
                                [--settings eager,eager-dense,transformers,thaw,thaw-first,
-                                           thaw-ahead]
+                                           thaw-ahead,thaw-masks]
                                [--spread-ms 0] [--device cuda] [--json -|PATH]
 
 Each setting is the engine thaw's LLM functions run (``worker.llm.engine.Engine``, its
@@ -21,6 +21,8 @@ sizes as bench/llm.py's), started afresh on the model:
     thaw-first    thaw's, each shape captured the first time it comes
     thaw-ahead    thaw's, with the next step prepared while one runs
                   (``use_async_batching``)
+    thaw-masks    thaw's, its graphed steps under masks of their own size too
+                  (``step_masks_in_graphs``: no dense mask as wide as the cache)
 
 At each level, ``streams`` seeded requests (temperature 1, 64 tokens) at once, a thread
 each, as bench/llm.py's engine mode; a level's first two rounds capture the shapes it
@@ -64,7 +66,15 @@ from bench._common import (
 )
 from bench.llm import level_row, model_dir_of, sizes_of
 
-SETTINGS = ("eager", "eager-dense", "transformers", "thaw", "thaw-first", "thaw-ahead")
+SETTINGS = (
+    "eager",
+    "eager-dense",
+    "transformers",
+    "thaw",
+    "thaw-first",
+    "thaw-ahead",
+    "thaw-masks",
+)
 UNCOUNTED_ROUNDS = 2  # a level's first rounds capture the shapes it meets
 GREEDY_TOKENS = 24
 LEVEL_FIGURES = ("streams", "rounds", "tokens_per_s", "ttft_p50_ms", "tpot_p50_ms")
@@ -133,6 +143,7 @@ def run_setting(
             eos_token_ids=base.eos_ids(model),
             capture_at=capture_at,
             step_masks=setting != "eager-dense",
+            step_masks_in_graphs=setting == "thaw-masks",
         )
     try:
         ran = base.InProcess(engine, tokenizer, [tokenizer(p)["input_ids"] for p in base.PROMPTS])

@@ -16,7 +16,8 @@ its place, within the layer's sliding window if it has one, the rule of the libr
 ``use_step_masks(model)`` turns it on for a model's engine, and the library then keeps
 no dense mask for it.
 
-Only for steps that run eagerly: a CUDA graph replays the library's own masked step.
+Only for steps that run eagerly, unless asked (``Engine(step_masks_in_graphs=True)``, a
+trial not yet measured on a GPU): a CUDA graph replays the library's own masked step.
 Figures: bench/README.md, "The dense attention mask".
 """
 
@@ -96,10 +97,22 @@ def packed_sdpa(
     # same step. Kept, they hold the tensors, so their ids are not reused meanwhile.
     made_for = (cu_q, cu_k, cu_q._version, cu_k._version, *shape)
     kept = _step_masks.by_window.get(window)
-    if kept is None or not _same(kept[0], made_for):
-        kept = (made_for, step_mask(cu_q, cu_k, *shape))
-        _step_masks.by_window[window] = kept
-    mask = kept[1]
+    if query.is_cuda and torch.cuda.is_current_stream_capturing():
+        # A CUDA graph records each layer's mask from the step's inputs, so that its
+        # replays make their own; a mask kept from outside the graph would be replayed.
+        mask = step_mask(cu_q, cu_k, *shape)
+    elif kept is None or not _same(kept[0], made_for):
+        mask = step_mask(cu_q, cu_k, *shape)
+        _step_masks.by_window[window] = (made_for, mask)
+    else:
+        mask = kept[1]
+    groups = query.shape[1] // key.shape[1]
+    gqa = groups > 1 and query.device.type == "cpu"
+    if groups > 1 and not gqa:
+        # CUDA's fused kernels take a mask only with the heads repeated (as transformers'
+        # sdpa does); grouped with a mask, they fall back to the math kernel.
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
     out = torch.nn.functional.scaled_dot_product_attention(
         query,
         key,
@@ -107,7 +120,7 @@ def packed_sdpa(
         attn_mask=mask,
         dropout_p=dropout,
         scale=scaling,
-        enable_gqa=query.shape[1] != key.shape[1],
+        enable_gqa=gqa,  # on the CPU: no copy of the keys and values per head
     )
     return out.transpose(1, 2), None
 

@@ -296,12 +296,14 @@ class Engine:
         threads: StepThreads | None = None,
         capture_at: int = GRAPH_CAPTURE_AT,
         step_masks: bool = True,
+        step_masks_in_graphs: bool = False,
     ) -> None:
         """``threads``, on a CPU: each step's torch threads (``worker.llm.threads``);
         None leaves the process's own. ``capture_at``, with CUDA graphs: the time a step
         shape comes that captures its graph (1: the first, as transformers does).
         ``step_masks``: an eager step makes a mask of its own size (``worker.llm.attention``);
-        False keeps transformers' dense mask as wide as the cache."""
+        False keeps transformers' dense mask as wide as the cache. ``step_masks_in_graphs``:
+        graphed steps too (a trial: not yet measured on a GPU)."""
         from transformers import GenerationConfig
         from transformers.generation import ContinuousBatchingConfig
 
@@ -341,7 +343,9 @@ class Engine:
                 **graphed,
             )
             # Read when the batch starts: a graph keeps the shapes it was captured with.
-            self.step_masks = use_step_masks(model, step_masks and not graphs)
+            self.step_masks = use_step_masks(
+                model, step_masks and (not graphs or step_masks_in_graphs)
+            )
             made = model.init_continuous_batching(
                 generation_config=generation, continuous_batching_config=batching
             )

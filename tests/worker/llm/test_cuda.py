@@ -1,7 +1,8 @@
 """The LLM engine and function on a GPU (skipped without one): in a batch on CUDA, its
 steps replaying CUDA graphs, greedy tokens equal ``model.generate`` alone on the same
-device; a step shape's graph is captured when it comes again; a seed gives the same
-tokens alone and in a busy batch; a model whose forward cannot be captured runs
+device (eager steps under masks of their own size too, ``worker.llm.attention``); a step
+shape's graph is captured when it comes again; a seed gives the same tokens alone and in
+a busy batch; a model whose forward cannot be captured runs
 eagerly; and the function built from a CUDA Context answers a call, an adapter's
 included (eagerly: a graph keeps the adapter it was captured with)."""
 
@@ -28,6 +29,7 @@ from tests.worker.llm.test_engine import (
     tiny_llama,
 )
 from tests.worker.llm.test_function import tensors_of
+from worker.llm.attention import packed_sdpa
 from worker.llm.engine import Engine, EngineSizes, Sampling
 from worker.llm.function import LLMFunction
 from worker.sdk import Adapter, CallContext, Context
@@ -52,6 +54,45 @@ def test_a_batch_on_cuda_gives_the_tokens_of_generate_alone() -> None:
         assert engine.cuda_graphs
         with ThreadPoolExecutor(len(prompts)) as pool:
             results = list(pool.map(run, prompts))
+    finally:
+        engine.close()
+    assert results == [generate_alone(model, p, 16) for p in prompts]
+
+
+@pytest.mark.parametrize("window", [1, 4], ids=["causal", "sliding-window-4"])
+def test_step_masks_on_cuda_equal_the_dense_masks(window: int) -> None:
+    from tests.worker.llm import test_attention as step_masks
+
+    query, key, value, cu_q, cu_k = step_masks._packed(seed=window)
+    out, _ = packed_sdpa(
+        None,
+        query.cuda(),
+        key.cuda(),
+        value.cuda(),
+        None,
+        cu_seq_lens_q=torch.tensor(cu_q, dtype=torch.int32, device="cuda"),
+        cu_seq_lens_k=torch.tensor(cu_k, dtype=torch.int32, device="cuda"),
+        max_length_q=5,
+        max_length_k=12,
+        sliding_window=window if window > 1 else None,
+    )
+    real = cu_q[-1]
+    expected = step_masks._with_dense_mask(query, key, value, cu_q, cu_k, window)
+    torch.testing.assert_close(out[:, :real].cpu(), expected[:, :real], rtol=1e-4, atol=1e-4)
+
+
+def test_eager_steps_on_cuda_with_step_masks_give_the_tokens_of_generate_alone() -> None:
+    model = tiny_llama().to("cuda")
+    # Chunked prefills after a past, and decodes: every kind of step, eagerly.
+    sizes = EngineSizes(max_num_seqs=8, max_batch_tokens=32, kv_cache_bytes=4 << 20)
+    engine = Engine(model, replace(sizes, cuda_graphs=False), eos_token_ids=[EOS])
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (2, 11, 40, 70)]
+    try:
+        assert engine.step_masks and not engine.cuda_graphs
+        run = partial(run_to_end, engine, sampling=Sampling(16))
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            results = [tokens for tokens, _ in pool.map(run, prompts)]
     finally:
         engine.close()
     assert results == [generate_alone(model, p, 16) for p in prompts]
