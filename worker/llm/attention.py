@@ -24,12 +24,17 @@ Figures: bench/README.md, "The dense attention mask".
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-_FLAG = "_thaw_step_masks"  # on a model's config: its engine makes each step's mask
+# The configs of the models whose engines make each step's mask, by id (a config is not
+# hashable; its attributes would be saved with it).
+_step_masked: dict[int, weakref.ref[Any]] = {}
+# What a layer may pass that changes its scores beyond a mask: not applied here.
+_UNSUPPORTED = ("softcap", "s_aux", "position_bias")
 _installed = threading.Lock()
 _original_sdpa: Callable[..., Any] | None = None
 
@@ -90,6 +95,8 @@ def packed_sdpa(
     tokens after the last sequence allowed); returns ``[1, q_tokens, heads, dim]`` as
     transformers' attention functions do. The mask (``step_mask``) is made once a step
     and sliding window, for its first layer, and kept for the others."""
+    if named := [name for name in _UNSUPPORTED if kwargs.get(name) is not None]:
+        raise ValueError(f"step masks do not apply {', '.join(named)} to attention scores")
     cu_q, cu_k = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
     window = kwargs.get("sliding_window")
     shape = (query.shape[2], key.shape[2], window)
@@ -162,19 +169,35 @@ def _install() -> None:
         needed = input_outputs.attn_mask_is_needed
 
         def mask_needed(config: Any) -> bool:
-            return not getattr(config, _FLAG, False) and bool(needed(config))
+            return not uses_step_masks(config) and bool(needed(config))
 
         input_outputs.attn_mask_is_needed = mask_needed
         AttentionInterface.register("sdpa", _sdpa)
 
 
+def uses_step_masks(config: Any) -> bool:
+    """Whether the model of ``config`` was given ``use_step_masks``."""
+    ref = _step_masked.get(id(config))
+    return ref is not None and ref() is config
+
+
 def use_step_masks(model: Any, on: bool = True) -> bool:
     """Whether ``model``'s continuous-batching steps make their own masks
-    (``packed_sdpa``) from its next batch on: only with ``sdpa`` (with another
-    attention, the library's own way is kept, and False)."""
-    if on and model.config._attn_implementation != "sdpa":
+    (``packed_sdpa``) from its next batch on: only with ``sdpa``, and not for a model
+    whose attention caps its scores (``attn_logit_softcapping``); otherwise the library's
+    own way is kept, and False."""
+    config = model.config
+    if config._attn_implementation != "sdpa" or getattr(config, "attn_logit_softcapping", None):
         on = False
-    if on:
-        _install()
-    setattr(model.config, _FLAG, on)
-    return on
+    key = id(config)
+    if not on:
+        _step_masked.pop(key, None)
+        return False
+    _install()
+
+    def dropped(ref: weakref.ref[Any]) -> None:
+        if _step_masked.get(key) is ref:
+            del _step_masked[key]
+
+    _step_masked[key] = weakref.ref(config, dropped)
+    return True

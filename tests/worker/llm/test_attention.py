@@ -185,3 +185,39 @@ def test_an_engine_answers_as_generate_with_either_attention(step_masks: bool, m
                 assert dense.shape[-1] > engine.num_blocks * sizes.page_size_tokens
     finally:
         engine.close()
+
+
+def test_a_layer_that_caps_its_scores_is_refused_not_answered_without_the_cap() -> None:
+    query, key, value, cu_q, cu_k = _packed(seed=1)
+    kwargs: dict[str, Any] = {
+        "cu_seq_lens_q": torch.tensor(cu_q, dtype=torch.int32),
+        "cu_seq_lens_k": torch.tensor(cu_k, dtype=torch.int32),
+    }
+    with pytest.raises(ValueError, match="do not apply softcap"):
+        packed_sdpa(None, query, key, value, None, softcap=50.0, **kwargs)
+
+
+def test_step_masks_go_only_on_a_model_whose_scores_a_mask_describes() -> None:
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    llama = tiny_llama()
+    assert attention.use_step_masks(llama)
+    assert attention.uses_step_masks(llama.config)
+    assert "step_mask" not in llama.config.to_json_string()  # nothing saved with it
+    assert not attention.use_step_masks(llama, on=False)
+    assert not attention.uses_step_masks(llama.config)
+    config = Gemma2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        attn_logit_softcapping=50.0,
+    )
+    gemma = Gemma2ForCausalLM(config)
+    gemma.config._attn_implementation = "sdpa"
+    assert not attention.use_step_masks(gemma)  # the library's own (sdpa refuses the cap)
+    llama.config._attn_implementation = "eager"
+    assert not attention.use_step_masks(llama)
