@@ -20,6 +20,8 @@
 #    x serve ratios (its log alone comes back: OUT holds 8 files at most);
 #    llm-servers (only when named): thaw at 8 and 32 streams with 4 control-plane
 #    processes, whose bursts' accepts run side by side on the machine's cores;
+#    llm-step-profile (only when named): bench/llm_step_profile.py, py-spy's view of
+#    the engine's generation thread on graphs at 32 streams (is the step host-bound?);
 # 3. bench/coldstart.py --device cuda on a 1.1 B-parameter Llama made here
 #    (random bf16 weights, 3 shards): naive against pool miss, pool hit and the
 #    RAM tier, with the phases;
@@ -119,6 +121,11 @@ tail -n 30 "$out/llm-baselines.log"
 step llm-servers 150 python3 bench/llm.py --device cuda --streams 8,32 --rounds 3 \
   --warm-rounds 2 --skip narrow,serve,generate,cold --ttft-trials 0 --server-processes 4 --data-dir "$data/llm"
 tail -n 20 "$out/llm-servers.log"
+
+# Where the graphed engine's generation thread spends its steps at 32 streams (py-spy).
+step llm-step-profile 120 python3 bench/llm_step_profile.py --device cuda --setting thaw \
+  --streams 32 --rounds 6 --data-dir "$data/llm" --out "$data/llm-step-profile"
+tail -n 34 "$out/llm-step-profile.log"
 
 [[ -n $builder ]] && { wait "$builder"; tail -n 2 "$data/model.log"; }
 step coldstart 160 python3 bench/coldstart.py --model "$llama" --device cuda --trials 2 \
