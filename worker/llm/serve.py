@@ -70,7 +70,7 @@ class LLMReplica:
         stored = _weights_dtype(ctx.weights) or torch.float32
         with ctx.empty_weights():
             model = AutoModelForCausalLM.from_config(
-                config, torch_dtype=stored, attn_implementation="sdpa"
+                config, torch_dtype=stored, attn_implementation=_attention_for(config)
             )
         ctx.fill_module(model)
         if options.dtype != "auto" and getattr(torch, options.dtype) != stored:
@@ -342,6 +342,28 @@ class AdapterGate:
             if other != self._active:
                 return False
         return True
+
+
+def _attention_for(config: Any) -> str:
+    """``sdpa``, or ``eager`` for an architecture that transformers will not run on
+    ``sdpa`` (its scores are capped or have sinks: Gemma 2, gpt-oss), whose steps then
+    come to ``worker.llm.attention`` all the same. Raises ``ValueError`` for an
+    architecture continuous batching cannot run."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        model_class: Any = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:
+        raise ValueError(
+            f"model type {config.model_type!r} is not a causal language model transformers "
+            "knows: an LLM function serves a model AutoModelForCausalLM loads"
+        ) from None
+    if not getattr(model_class, "_supports_attention_backend", False):
+        raise ValueError(
+            f"{model_class.__name__} ({config.model_type!r}) cannot run on continuous "
+            "batching: its attention takes no paged KV cache in transformers"
+        )
+    return "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
 
 
 def _weights_dtype(weights: Any) -> Any:

@@ -6,6 +6,7 @@ model with sliding-window layers too."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from tests.worker.llm.test_engine import EOS, VOCAB, generate_alone, run_to_end,
 from worker.llm import attention
 from worker.llm.attention import packed_sdpa
 from worker.llm.engine import Engine, EngineSizes, Sampling
+from worker.llm.serve import _attention_for
 
 HEADS, KV_HEADS, DIM = 4, 2, 8
 # (query tokens, key tokens) per sequence: a prefill, a chunk after a past, decodes, a
@@ -187,37 +189,177 @@ def test_an_engine_answers_as_generate_with_either_attention(step_masks: bool, m
         engine.close()
 
 
-def test_a_layer_that_caps_its_scores_is_refused_not_answered_without_the_cap() -> None:
+def _model_eager_attention(name: str) -> Any:
+    """The model's own eager attention (the oracle for scores beyond a mask)."""
+    if name == "softcap":
+        from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
+    else:
+        from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+    return eager_attention_forward
+
+
+@pytest.mark.parametrize("window", [1, 4], ids=["causal", "sliding-window-4"])
+@pytest.mark.parametrize("scores", ["softcap", "sinks"])
+def test_capped_scores_and_sinks_on_a_packed_step_equal_the_models_own_attention(
+    scores: str, window: int
+) -> None:
+    query, key, value, cu_q, cu_k = _packed(seed=5 + window)
+    query = query * 4  # scores large enough that a cap of 2 changes them
+    sinks = torch.randn(HEADS, generator=torch.Generator().manual_seed(2)) * 3
+    module = SimpleNamespace(num_key_value_groups=HEADS // KV_HEADS, head_dim=DIM, training=False)
+    module.sinks = sinks
+    extra: dict[str, Any] = {"softcap": 2.0} if scores == "softcap" else {"s_aux": sinks}
+    out, _ = packed_sdpa(
+        module,
+        query,
+        key,
+        value,
+        None,
+        scaling=0.3,
+        cu_seq_lens_q=torch.tensor(cu_q, dtype=torch.int32),
+        cu_seq_lens_k=torch.tensor(cu_k, dtype=torch.int32),
+        sliding_window=window if window > 1 else None,
+        **extra,
+    )
+    dense = torch.full((1, 1, query.shape[2], key.shape[2]), torch.finfo(torch.float32).min)
+    build_attention_mask(dense, cu_q, cu_k, sliding_window=window)
+    expected, _ = _model_eager_attention(scores)(
+        module, query, key, value, dense, scaling=0.3, **extra
+    )
+    real = cu_q[-1]
+    torch.testing.assert_close(out[:, :real], expected[:, :real])
+    # and not what the scores alone give: the cap or the sinks were applied
+    plain, _ = packed_sdpa(
+        None,
+        query,
+        key,
+        value,
+        None,
+        scaling=0.3,
+        cu_seq_lens_q=torch.tensor(cu_q, dtype=torch.int32),
+        cu_seq_lens_k=torch.tensor(cu_k, dtype=torch.int32),
+        sliding_window=window if window > 1 else None,
+    )
+    assert not torch.allclose(plain[:, :real], expected[:, :real], atol=1e-3)
+
+
+def test_a_position_bias_is_refused_not_answered_without_it() -> None:
     query, key, value, cu_q, cu_k = _packed(seed=1)
     kwargs: dict[str, Any] = {
         "cu_seq_lens_q": torch.tensor(cu_q, dtype=torch.int32),
         "cu_seq_lens_k": torch.tensor(cu_k, dtype=torch.int32),
     }
-    with pytest.raises(ValueError, match="do not apply softcap"):
-        packed_sdpa(None, query, key, value, None, softcap=50.0, **kwargs)
+    bias = torch.zeros(1, HEADS, query.shape[2], key.shape[2])
+    with pytest.raises(ValueError, match="do not apply position_bias"):
+        packed_sdpa(None, query, key, value, None, position_bias=bias, **kwargs)
 
 
-def test_step_masks_go_only_on_a_model_whose_scores_a_mask_describes() -> None:
+def tiny_gemma2() -> Any:
+    """A 2-layer Gemma 2 whose attention caps its scores, the second layer in a sliding
+    window of 8; loaded as thaw loads it (eager). Its queries are drawn large, so that
+    the cap changes the answer."""
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
+    torch.manual_seed(0)
+    config = Gemma2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=8,
+        attn_logit_softcapping=1.0,
+        final_logit_softcapping=3.0,
+        max_position_embeddings=256,
+        eos_token_id=EOS,
+        bos_token_id=1,
+        pad_token_id=0,
+    )
+    m = Gemma2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in m.model.layers:
+            layer.self_attn.q_proj.weight.mul_(40)
+    m.config._attn_implementation = _attention_for(config)
+    return m
+
+
+def tiny_gpt_oss() -> Any:
+    """A 2-layer gpt-oss (attention sinks, experts, a sliding layer), loaded as thaw
+    loads it (eager); its sinks drawn large, so that they matter."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    torch.manual_seed(0)
+    config = GptOssConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=8,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        eos_token_id=EOS,
+        bos_token_id=1,
+        pad_token_id=0,
+    )
+    m = GptOssForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in m.model.layers:
+            layer.self_attn.sinks.normal_(0, 2, generator=torch.Generator().manual_seed(4))
+    m.config._attn_implementation = _attention_for(config)
+    return m
+
+
+@pytest.mark.parametrize("step_masks", [True, False], ids=["step-mask", "dense-mask"])
+@pytest.mark.parametrize(
+    "make", [tiny_gemma2, tiny_gpt_oss], ids=["gemma2-softcap", "gpt-oss-sinks"]
+)
+def test_a_model_with_capped_scores_or_sinks_answers_as_generate(
+    step_masks: bool, make: Any
+) -> None:
+    model = make()
+    assert model.config._attn_implementation == "eager"  # transformers' sdpa refuses them
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (2, 11, 40, 70)]
+    expected = [generate_alone(model, p, 12) for p in prompts]  # the model's own eager
+    sizes = EngineSizes(max_num_seqs=8, max_batch_tokens=32, kv_cache_bytes=4 << 20)
+    engine = Engine(model, sizes, eos_token_ids=[EOS], step_masks=step_masks)
+    try:
+        greedy = Sampling(max_new_tokens=12)
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            got = list(pool.map(lambda p: run_to_end(engine, p, greedy)[0], prompts))
+        assert got == expected
+        assert engine.step_masks is step_masks
+    finally:
+        engine.close()
+
+
+def test_each_architecture_gets_the_attention_it_can_batch_on() -> None:
+    from transformers import BloomConfig, Gemma2Config, GptOssConfig, LlamaConfig, T5Config
+
+    assert _attention_for(LlamaConfig()) == "sdpa"
+    assert _attention_for(Gemma2Config()) == "eager"  # its scores are capped
+    assert _attention_for(GptOssConfig()) == "eager"  # sinks
+    with pytest.raises(ValueError, match=r"BloomForCausalLM \('bloom'\) cannot run on continuous"):
+        _attention_for(BloomConfig())
+    with pytest.raises(ValueError, match="'t5' is not a causal language model"):
+        _attention_for(T5Config())
+
+
+def test_step_masks_go_only_on_a_model_whose_attention_they_replace() -> None:
     llama = tiny_llama()
     assert attention.use_step_masks(llama)
     assert attention.uses_step_masks(llama.config)
     assert "step_mask" not in llama.config.to_json_string()  # nothing saved with it
     assert not attention.use_step_masks(llama, on=False)
     assert not attention.uses_step_masks(llama.config)
-    config = Gemma2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        attn_logit_softcapping=50.0,
-    )
-    gemma = Gemma2ForCausalLM(config)
-    gemma.config._attn_implementation = "sdpa"
-    assert not attention.use_step_masks(gemma)  # the library's own (sdpa refuses the cap)
-    llama.config._attn_implementation = "eager"
+    gemma = tiny_gemma2()
+    assert attention.use_step_masks(gemma)  # eager: the scores are capped here
+    llama.config._attn_implementation = "flex_attention"
     assert not attention.use_step_masks(llama)
