@@ -27,7 +27,8 @@ transformers' own intervals pad the keys to 16,384 tokens and the queries to 64,
 with a masked attention (sdpa) cost more than the graphs save. Preparing the next step
 while one runs (``use_async_batching``) made more tokens a second but a burst's first
 tokens later (TTFT p50 at 32 streams 20 -> 71..133 ms): it stays off. A request to the
-running manager probes the graphs at start; a model whose forward cannot be captured (a
+running manager probes the model at start (one that cannot batch at all is refused
+there, not at its first call) and the graphs with it; a model whose forward cannot be captured (a
 host sync, ``.item()``) runs eagerly, with a warning, and ``cuda_graphs`` off
 (``EngineSizes``) runs every model so. After the probe, a shape's first step runs
 eagerly and its graph is captured when it comes again (``CaptureGate``; torch's CUDA
@@ -362,12 +363,20 @@ class Engine:
             self.step_threads = StepThreadRule(threads)
         self.cuda_graphs = sizes.cuda_graphs and can_graph(model)
         self._manager = manager(self.cuda_graphs)
-        if self.cuda_graphs and (failed := self._probe()) is not None:
+        failed = self._probe()
+        if self.cuda_graphs and failed is not None:
             log.warning("this model's steps cannot run as CUDA graphs, so run eagerly: %s", failed)
             self._manager.stop(block=True, timeout=30)
             reset_after_failed_capture(model.device)
             self.cuda_graphs = False
             self._manager = manager(False)
+            failed = self._probe()
+        if failed is not None:  # eagerly too: no call could be answered
+            self._manager.stop(block=True, timeout=30)
+            raise EngineError(
+                f"{type(model).__name__} ({model.config.model_type!r}) cannot run on "
+                f"transformers' continuous batching: {failed}"
+            )
         self.capture_gate: CaptureGate | None = None
         if self.cuda_graphs:  # after the probe, which captures its shapes at once
             gate = CaptureGate(capture_at)
@@ -384,8 +393,9 @@ class Engine:
 
     def _probe(self) -> str | None:
         """One greedy request of two tokens, through the started manager before the
-        router runs: None when it ran, else why not. A forward that cannot be captured
-        fails here, not in a caller's request."""
+        router runs: None when it ran, else why not. A forward that cannot be captured,
+        or an architecture whose layers do not take the paged cache (GPT-NeoX, OPT in
+        transformers 5), fails here, not in a caller's request."""
         request_id = "thaw-probe-" + uuid.uuid4().hex
         sampling = Sampling(max_new_tokens=2)
         self._manager.add_request(

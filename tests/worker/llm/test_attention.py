@@ -363,3 +363,65 @@ def test_step_masks_go_only_on_a_model_whose_attention_they_replace() -> None:
     assert attention.use_step_masks(gemma)  # eager: the scores are capped here
     llama.config._attn_implementation = "flex_attention"
     assert not attention.use_step_masks(llama)
+
+
+# Architectures a user may bring, each tiny, with what sets it apart: each engine's
+# greedy answers under step masks against the model's own generate.
+ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
+    "mistral-sliding": ("Mistral", {"sliding_window": 8}),
+    "qwen3-qk-norm": ("Qwen3", {"head_dim": 16}),
+    "phi3-fused-qkv": ("Phi3", {}),
+    "gemma3-scaled-queries": (
+        "Gemma3Text",
+        {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 7},
+    ),
+    "granite-multipliers": (
+        "Granite",
+        {"attention_multiplier": 0.3, "logits_scaling": 2.0, "embedding_multiplier": 3.0},
+    ),
+    "mixtral-experts": ("Mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen2-moe-shared-expert": (
+        "Qwen2Moe",
+        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    ),
+    "phi-partial-rotary": ("Phi", {"partial_rotary_factor": 0.5}),
+    "starcoder2-biases": ("Starcoder2", {"sliding_window": 8}),
+}
+
+
+@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
+def test_each_architecture_answers_as_generate_under_step_masks(architecture: str) -> None:
+    import transformers
+
+    name, extra = ARCHITECTURES[architecture]
+    config_class = getattr(transformers, f"{name}Config")
+    model_class = getattr(transformers, f"{name.removesuffix('Text')}ForCausalLM")
+    torch.manual_seed(0)
+    config = config_class(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=EOS,
+        bos_token_id=1,
+        pad_token_id=0,
+        **extra,
+    )
+    model = model_class(config).eval()
+    model.config._attn_implementation = _attention_for(config)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (2, 11, 40, 70)]
+    expected = [generate_alone(model, p, 12) for p in prompts]
+    sizes = EngineSizes(max_num_seqs=8, max_batch_tokens=32, kv_cache_bytes=4 << 20)
+    engine = Engine(model, sizes, eos_token_ids=[EOS])
+    try:
+        assert engine.step_masks
+        greedy = Sampling(max_new_tokens=12)
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            got = list(pool.map(lambda p: run_to_end(engine, p, greedy)[0], prompts))
+        assert got == expected
+    finally:
+        engine.close()

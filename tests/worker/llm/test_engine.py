@@ -404,6 +404,49 @@ def test_a_model_that_fails_the_graph_probe_runs_eagerly_and_answers(
         engine.close()
 
 
+@pytest.mark.parametrize("architecture", ["gpt_neox", "opt"])
+def test_a_model_that_cannot_batch_is_refused_at_start_naming_it(architecture: str) -> None:
+    """GPT-NeoX's and OPT's layers (transformers 5) call the KV cache in ways the paged
+    cache does not take: every step fails. The start's probe finds it, so the engine is
+    refused with the model named, not a caller's request with the library's error."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, OPTConfig, OPTForCausalLM
+
+    torch.manual_seed(0)
+    if architecture == "gpt_neox":
+        model = GPTNeoXForCausalLM(
+            GPTNeoXConfig(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+            )
+        )
+        name = "GPTNeoXForCausalLM ('gpt_neox')"
+    else:
+        model = OPTForCausalLM(
+            OPTConfig(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                ffn_dim=64,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                word_embed_proj_dim=32,
+            )
+        )
+        name = "OPTForCausalLM ('opt')"
+    model.eval().config._attn_implementation = "sdpa"
+    sizes = EngineSizes(max_num_seqs=4, max_batch_tokens=64, kv_cache_bytes=1 << 20)
+    threads_before = {t.name for t in threading.enumerate()}
+    with pytest.raises(EngineError) as refused:
+        Engine(model, sizes, eos_token_ids=[EOS])
+    assert str(refused.value).startswith(
+        f"{name} cannot run on transformers' continuous batching: "
+    )
+    time.sleep(0.2)
+    assert {t.name for t in threading.enumerate()} <= threads_before  # its loop was stopped
+
+
 def test_a_model_that_passes_the_graph_probe_keeps_its_graphs(
     model: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
