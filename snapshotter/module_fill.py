@@ -4,6 +4,10 @@ The skeleton is built with ``snapshotter.skeleton.empty_weights`` (parameters
 on meta, buffers real) or under ``torch.device("meta")``. What
 ``fill_module`` does, in order:
 
+0. A Hugging Face model's checkpoint in an older form (per-expert matrices that
+   transformers 5 stacks, renamed tensors) is converted as ``from_pretrained``
+   converts it (``snapshotter.hf_names``); tensors named as the model's pass as
+   they are.
 1. ``load_state_dict(tensors, assign=True, strict=False)``: parameters and
    persistent buffers BECOME the loaded tensors (views of the load buffers);
    nothing is initialised, nothing copied.
@@ -31,6 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from snapshotter.errors import SnapshotterError
+from snapshotter.hf_names import is_hf_model, model_named
 from snapshotter.skeleton import rebuilt_buffer
 
 if TYPE_CHECKING:
@@ -61,15 +66,18 @@ def fill_module(
 ) -> ModuleLoadResult:
     """Make ``tensors`` the module's state; see the module docstring."""
     expected = module.state_dict(keep_vars=True)
-    unexpected = tuple(sorted(k for k in tensors if k not in expected))
+    named: dict[str, torch.Tensor] = tensors
+    if is_hf_model(module):
+        named = model_named(module, tensors, expected)
+    unexpected = tuple(sorted(k for k in named if k not in expected))
     module.load_state_dict(
-        {k: v for k, v in tensors.items() if k in expected}, strict=False, assign=True
+        {k: v for k, v in named.items() if k in expected}, strict=False, assign=True
     )
     tie = getattr(module, "tie_weights", None)
     if callable(tie):
         tie()
-    missing = _missing(module, tensors)
-    recomputed = tuple(_place_buffers(module, set(tensors), device))
+    missing = _missing(module, named)
+    recomputed = tuple(_place_buffers(module, set(named), device))
     ref = tensors.report.ref if tensors.report is not None else "the weights"
     _refuse_meta(module, expected, ref)
     if strict and (missing or unexpected):
@@ -87,7 +95,7 @@ def _names(names: tuple[str, ...] | list[str]) -> str:
     return f"{list(names)[:_LISTED]} ({len(names)} in all)"
 
 
-def _missing(module: torch.nn.Module, tensors: LoadedTensors) -> tuple[str, ...]:
+def _missing(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> tuple[str, ...]:
     """State-dict names the artifact lacks, less those ``tie_weights`` pointed at a loaded one."""
     state = module.state_dict(keep_vars=True)
     filled = {id(t) for k, t in state.items() if k in tensors}

@@ -61,6 +61,64 @@ def clip(path: Path) -> tuple[Any, dict[str, Any]]:
     return CLIPModel, {"input_ids": IDS, "pixel_values": pixels}
 
 
+def mixtral(path: Path) -> tuple[Any, dict[str, Any]]:
+    """Saved as transformers 5 saves it: each expert's w1, w2, w3 apart, under
+    ``block_sparse_moe``; the model holds them stacked, under ``mlp.experts``."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
+    )
+    MixtralForCausalLM(config).save_pretrained(path)
+    return MixtralForCausalLM, {"input_ids": IDS}
+
+
+def qwen2_moe(path: Path) -> tuple[Any, dict[str, Any]]:
+    """Experts apart in the checkpoint (gate_proj, up_proj, down_proj), a shared
+    expert beside them."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    config = Qwen2MoeConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
+    )
+    Qwen2MoeForCausalLM(config).save_pretrained(path)
+    return Qwen2MoeForCausalLM, {"input_ids": IDS}
+
+
+def gpt_neox(path: Path) -> tuple[Any, dict[str, Any]]:
+    """The output layer is ``embed_out`` in the checkpoint, ``lm_head`` in the model."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    config = GPTNeoXConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+    )
+    GPTNeoXForCausalLM(config).save_pretrained(path)
+    return GPTNeoXForCausalLM, {"input_ids": IDS}
+
+
 SKELETONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "empty_weights": empty_weights,
     "meta": lambda: torch.device("meta"),
@@ -68,7 +126,9 @@ SKELETONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
 
 
 @pytest.mark.parametrize("skeleton", sorted(SKELETONS))
-@pytest.mark.parametrize("build", [bert, qwen2, clip], ids=lambda b: b.__name__)
+@pytest.mark.parametrize(
+    "build", [bert, qwen2, clip, mixtral, qwen2_moe, gpt_neox], ids=lambda b: b.__name__
+)
 def test_filled_skeleton_answers_as_from_pretrained(
     tmp_path: Path, build: Callable[[Path], tuple[Any, dict[str, Any]]], skeleton: str
 ) -> None:
@@ -83,9 +143,11 @@ def test_filled_skeleton_answers_as_from_pretrained(
     result = load_into_module(model, "m:v1", registry=registry)
 
     assert result.missing_keys == () and result.unexpected_keys == ()
+    reference = cls.from_pretrained(tmp_path / "model")
+    for name, tensor in reference.state_dict().items():  # converted as from_pretrained does
+        assert torch.equal(model.state_dict()[name], tensor), name
     assert non_persistent <= set(result.recomputed_buffers)
     assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
-    reference = cls.from_pretrained(tmp_path / "model")
     for name, buffer in reference.named_buffers():
         assert torch.equal(model.get_buffer(name), buffer), name
     with torch.no_grad():
@@ -179,3 +241,34 @@ def test_tensors_the_module_lacks_are_unexpected(tmp_path: Path, llama_dir: Path
     assert result.unexpected_keys and all(
         k.startswith("model.layers.1.") for k in result.unexpected_keys
     )
+
+
+def test_a_checkpoint_in_the_models_names_is_filled_as_it_is_and_an_older_one_converted(
+    tmp_path: Path,
+) -> None:
+    """Tensors named as the model's become its parameters with no copy; in a converted
+    checkpoint those no conversion touches do too, and only the experts are new."""
+    from safetensors.torch import load_file
+
+    from snapshotter.hf_names import model_named
+    from snapshotter.load_types import LoadedTensors
+
+    cls, _ = mixtral(tmp_path / "model")
+    config = cls.config_class.from_pretrained(tmp_path / "model")
+    with empty_weights():
+        model = cls(config)
+    expected = model.state_dict(keep_vars=True)
+    stored = load_file(tmp_path / "model" / "model.safetensors")
+    assert not set(stored) <= set(expected)  # per-expert names the model does not have
+    named = model_named(model, stored, expected)
+    assert set(named) == set(expected)
+    assert named["lm_head.weight"] is stored["lm_head.weight"]  # untouched: no copy
+    assert named["model.layers.1.mlp.experts.down_proj"].shape[0] == config.num_local_experts
+    mine = {name: named[name] for name in expected}
+    assert model_named(model, mine, expected) is mine  # already the model's: no lookup
+    loaded = LoadedTensors(stored)
+    loaded.report = None  # type: ignore[assignment]
+    from snapshotter.module_fill import fill_module
+
+    fill_module(model, loaded, torch.device("cpu"))
+    assert model.lm_head.weight.data_ptr() == stored["lm_head.weight"].data_ptr()
