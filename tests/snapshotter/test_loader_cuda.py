@@ -119,3 +119,22 @@ def test_meta_module_fill_on_cuda(tmp_path: Path, llama_dir: Path) -> None:
     ids = torch.tensor([[1, 5, 9, 200]], device="cuda")
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, reference(ids).logits)
+
+
+def test_a_mixture_of_experts_checkpoint_is_converted_and_filled_on_cuda(tmp_path: Path) -> None:
+    """The experts, apart in the checkpoint, are stacked from the tensors the loader put
+    on the device (so after their bytes arrived there), and answer as from_pretrained."""
+    from tests.snapshotter.test_module_fill import mixtral
+
+    cls, inputs = mixtral(tmp_path / "model")
+    registry = Registry(LocalStore(tmp_path / "store"))
+    push(registry, tmp_path / "model", "moe:v1")
+    with torch.device("meta"):
+        model = cls(cls.config_class.from_pretrained(tmp_path / "model"))
+    Snapshotter(registry).load_into_module(model, "moe:v1", "cuda")
+    assert model.model.layers[0].mlp.experts.gate_up_proj.is_cuda
+    reference = cls.from_pretrained(tmp_path / "model")
+    torch.nn.Module.to(reference, "cuda")
+    ids = inputs["input_ids"].to("cuda")
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(ids).logits, reference.eval()(ids).logits)

@@ -98,6 +98,32 @@ def test_eager_steps_on_cuda_with_step_masks_give_the_tokens_of_generate_alone()
     assert results == [generate_alone(model, p, 16) for p in prompts]
 
 
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphed", "eager"])
+@pytest.mark.parametrize("make", ["tiny_gemma2", "tiny_gpt_oss"])
+def test_capped_scores_and_sinks_on_cuda_give_the_tokens_of_generate_alone(
+    make: str, graphs: bool
+) -> None:
+    """Gemma 2's capped scores and gpt-oss's sinks (eager models: thaw computes their
+    attention), in graphed steps under the library's mask and in eager ones under step
+    masks."""
+    from tests.worker.llm import test_attention
+
+    model = getattr(test_attention, make)().to("cuda")
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (2, 11, 40, 70)]
+    expected = [generate_alone(model, p, 12) for p in prompts]
+    sizes = EngineSizes(max_num_seqs=8, max_batch_tokens=64, kv_cache_bytes=4 << 20)
+    engine = Engine(model, replace(sizes, cuda_graphs=graphs), eos_token_ids=[EOS])
+    try:
+        assert engine.cuda_graphs is graphs
+        run = partial(run_to_end, engine, sampling=Sampling(12))
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            results = [tokens for tokens, _ in pool.map(run, prompts)]
+    finally:
+        engine.close()
+    assert results == expected
+
+
 def test_graphed_and_eager_steps_on_cuda_give_the_same_greedy_tokens() -> None:
     model = tiny_llama().to("cuda")
     g = torch.Generator().manual_seed(2)
