@@ -15,15 +15,25 @@ tensors unfilled. ``model_named`` applies transformers' own conversions for the 
 Tensors already named as the model's come back as they are (no copy); a converted
 tensor is new (a stack of experts is a copy of them), made where its sources are.
 A checkpoint whose names all are the model's is returned untouched, with no lookup.
+
+``checkpoint_names(model)`` then gives, for each of the model's tensors that came
+from other names, the checkpoint's names it came from, so that the first call's
+access order (``snapshotter.profile.ModuleAccessRecorder``) is recorded in the
+names the artifact's manifest has, and its chunks are prefetched in that order.
 """
 
 from __future__ import annotations
 
 import sys
+import weakref
 from copy import deepcopy
 from typing import Any
 
 import torch
+
+# A filled model -> {its tensor's name: the checkpoint names it came from}, for the
+# tensors renamed or converted (``model_named``).
+_sources: weakref.WeakKeyDictionary[Any, dict[str, tuple[str, ...]]] = weakref.WeakKeyDictionary()
 
 
 def is_hf_model(module: torch.nn.Module) -> bool:
@@ -58,6 +68,7 @@ def model_named(
     prefix = model.base_model_prefix
     named: dict[str, torch.Tensor] = {}
     converting: dict[str, Any] = {}  # a target name -> the converter collecting its sources
+    sources: dict[str, list[str]] = {}  # a target name -> the checkpoint names it came from
     for name in sorted(tensors, key=dot_natural_key):
         tensor = tensors[name]
         renamed, pattern = rename_source_key(name, renamings, converters, prefix, expected)
@@ -67,10 +78,25 @@ def model_named(
             named[name] = tensor  # the model has no such tensor: left for the fill to report
         elif pattern is None:
             named[renamed] = tensor
+            if renamed != name:
+                sources[renamed] = [name]
         else:
             converter = converting.setdefault(renamed, deepcopy(by_pattern[pattern]))
             converter.add_tensor(renamed, name, pattern, tensor)
+            sources.setdefault(renamed, []).append(name)
+    came_from: dict[str, tuple[str, ...]] = {k: tuple(v) for k, v in sources.items()}
     for target, converter in converting.items():
         for converted, value in converter.convert(target, model=model, config=model.config).items():
             named[converted] = value[0] if isinstance(value, list) else value
+            came_from[converted] = came_from[target]  # a split: each part from them all
+    _sources[model] = came_from
     return named
+
+
+def checkpoint_names(model: Any) -> dict[str, tuple[str, ...]]:
+    """For ``model``'s tensors that ``model_named`` renamed or converted, the
+    checkpoint's names each came from (empty for a model filled as it was named)."""
+    try:
+        return _sources.get(model, {})
+    except TypeError:  # a module that cannot be weakly referenced was never converted
+        return {}

@@ -117,8 +117,13 @@ class ModuleAccessRecorder:
     """
 
     def __init__(self, module: torch.nn.Module, prefix: str = "") -> None:
+        from snapshotter.hf_names import checkpoint_names
+
         self._module = module
         self._prefix = prefix
+        # A tensor converted from others at fill (a stack of experts) is recorded as
+        # those, the names the manifest has.
+        self._came_from = checkpoint_names(module)
         self._order: dict[str, None] = {}
         self._handles: list[Any] = []
 
@@ -134,11 +139,12 @@ class ModuleAccessRecorder:
 
     def _hook_for(self, path: str) -> Any:
         def hook(sub: torch.nn.Module, _args: object) -> None:
-            head = f"{self._prefix}{path}." if path else self._prefix
-            for name, _ in sub.named_parameters(recurse=False):
-                self._order.setdefault(head + name, None)
-            for name, _ in sub.named_buffers(recurse=False):
-                self._order.setdefault(head + name, None)
+            head = f"{path}." if path else ""
+            names = [n for n, _ in sub.named_parameters(recurse=False)]
+            names += [n for n, _ in sub.named_buffers(recurse=False)]
+            for name in names:
+                for stored in self._came_from.get(head + name, (head + name,)):
+                    self._order.setdefault(self._prefix + stored, None)
 
         return hook
 

@@ -272,3 +272,33 @@ def test_a_checkpoint_in_the_models_names_is_filled_as_it_is_and_an_older_one_co
 
     fill_module(model, loaded, torch.device("cpu"))
     assert model.lm_head.weight.data_ptr() == stored["lm_head.weight"].data_ptr()
+
+
+def test_a_converted_models_first_forward_is_recorded_in_the_checkpoints_names(
+    tmp_path: Path,
+) -> None:
+    """The prefetch profile names the manifest's tensors: a stack of experts is
+    recorded as the experts it was made of, a renamed tensor as its stored name."""
+    from safetensors import safe_open
+
+    from snapshotter.profile import ModuleAccessRecorder
+
+    for build, stacked in ((mixtral, "mlp.experts.gate_up_proj"), (gpt_neox, "lm_head.weight")):
+        path = tmp_path / build.__name__
+        cls, inputs = build(path)
+        registry = Registry(LocalStore(tmp_path / "store"))
+        push(registry, path, f"{build.__name__}:v1")
+        with empty_weights():
+            model = cls(cls.config_class.from_pretrained(path))
+        load_into_module(model, f"{build.__name__}:v1", registry=registry)
+        with ModuleAccessRecorder(model) as recorder, torch.no_grad():
+            model.eval()(**inputs)
+        with safe_open(path / "model.safetensors", "pt") as f:
+            stored = set(f.keys())
+        buffers = {name for name, _ in model.named_buffers()}  # in no checkpoint
+        assert recorder.order and set(recorder.order) - buffers <= stored  # the manifest's
+        assert not any(name.endswith(stacked) for name in recorder.order)
+        if build is mixtral:
+            assert "model.layers.0.block_sparse_moe.experts.3.w2.weight" in recorder.order
+        else:
+            assert recorder.order[-1] == "embed_out.weight"  # the last layer, as stored
