@@ -96,7 +96,4 @@ def model_named(
 def checkpoint_names(model: Any) -> dict[str, tuple[str, ...]]:
     """For ``model``'s tensors that ``model_named`` renamed or converted, the
     checkpoint's names each came from (empty for a model filled as it was named)."""
-    try:
-        return _sources.get(model, {})
-    except TypeError:  # a module that cannot be weakly referenced was never converted
-        return {}
+    return _sources.get(model, {})

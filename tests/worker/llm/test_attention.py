@@ -5,7 +5,9 @@ model with sliding-window layers too."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -137,6 +139,41 @@ def _dense_mask_of(engine: Engine) -> Any:
     return processor.model_runner.inputs_and_outputs.attention_mask
 
 
+# A batch of 32 tokens: the longer prompts are prefilled in chunks after a past.
+SIZES = EngineSizes(max_num_seqs=8, max_batch_tokens=32, kv_cache_bytes=4 << 20)
+# What the tiny models below share; each adds what sets its architecture apart.
+TINY: dict[str, Any] = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "eos_token_id": EOS,
+    "bos_token_id": 1,
+    "pad_token_id": 0,
+}
+
+
+@contextmanager
+def answering_as_generate(model: Any, step_masks: bool = True) -> Iterator[Engine]:
+    """An engine on ``model`` that has answered four concurrent greedy prompts as the
+    model's own ``generate`` answers each alone (asserted), open for more checks."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (2, 11, 40, 70)]
+    expected = [generate_alone(model, p, 12) for p in prompts]
+    engine = Engine(model, SIZES, eos_token_ids=[EOS], step_masks=step_masks)
+    try:
+        greedy = Sampling(max_new_tokens=12)
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            got = list(pool.map(lambda p: run_to_end(engine, p, greedy)[0], prompts))
+        assert got == expected
+        yield engine
+    finally:
+        engine.close()
+
+
 def tiny_qwen2_with_sliding_layers() -> Any:
     """A 4-layer Qwen2, its last two layers in a sliding window of 8 tokens."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -165,17 +202,7 @@ def tiny_qwen2_with_sliding_layers() -> Any:
     "make", [tiny_llama, tiny_qwen2_with_sliding_layers], ids=["llama", "qwen2-sliding"]
 )
 def test_an_engine_answers_as_generate_with_either_attention(step_masks: bool, make: Any) -> None:
-    model = make()
-    # A batch of 32 tokens: the longer prompts are prefilled in chunks after a past.
-    sizes = EngineSizes(max_num_seqs=8, max_batch_tokens=32, kv_cache_bytes=4 << 20)
-    engine = Engine(model, sizes, eos_token_ids=[EOS], step_masks=step_masks)
-    try:
-        g = torch.Generator().manual_seed(3)
-        prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (2, 11, 40, 70)]
-        greedy = Sampling(max_new_tokens=12)
-        with ThreadPoolExecutor(len(prompts)) as pool:
-            got = list(pool.map(lambda p: run_to_end(engine, p, greedy)[0], prompts))
-        assert got == [generate_alone(model, p, 12) for p in prompts]
+    with answering_as_generate(make(), step_masks) as engine:
         assert engine.step_masks is step_masks
         mask = _dense_mask_of(engine)
         if step_masks:
@@ -183,10 +210,8 @@ def test_an_engine_answers_as_generate_with_either_attention(step_masks: bool, m
         else:  # transformers' own: a mask as wide as the cache, per layer type
             assert mask is not None
             for dense in mask.values():  # one per layer type
-                assert dense.shape[-2] == sizes.max_batch_tokens
-                assert dense.shape[-1] > engine.num_blocks * sizes.page_size_tokens
-    finally:
-        engine.close()
+                assert dense.shape[-2] == SIZES.max_batch_tokens
+                assert dense.shape[-1] > engine.num_blocks * SIZES.page_size_tokens
 
 
 def _model_eager_attention(name: str) -> Any:
@@ -262,20 +287,11 @@ def tiny_gemma2() -> Any:
 
     torch.manual_seed(0)
     config = Gemma2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **TINY,
         head_dim=16,
         sliding_window=8,
         attn_logit_softcapping=1.0,
         final_logit_softcapping=3.0,
-        max_position_embeddings=256,
-        eos_token_id=EOS,
-        bos_token_id=1,
-        pad_token_id=0,
     )
     m = Gemma2ForCausalLM(config).eval()
     with torch.no_grad():
@@ -292,21 +308,12 @@ def tiny_gpt_oss() -> Any:
 
     torch.manual_seed(0)
     config = GptOssConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **{**TINY, "intermediate_size": 64},
         head_dim=16,
         sliding_window=8,
         num_local_experts=4,
         num_experts_per_tok=2,
-        max_position_embeddings=256,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        eos_token_id=EOS,
-        bos_token_id=1,
-        pad_token_id=0,
     )
     m = GptOssForCausalLM(config).eval()
     with torch.no_grad():
@@ -325,19 +332,8 @@ def test_a_model_with_capped_scores_or_sinks_answers_as_generate(
 ) -> None:
     model = make()
     assert model.config._attn_implementation == "eager"  # transformers' sdpa refuses them
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (2, 11, 40, 70)]
-    expected = [generate_alone(model, p, 12) for p in prompts]  # the model's own eager
-    sizes = EngineSizes(max_num_seqs=8, max_batch_tokens=32, kv_cache_bytes=4 << 20)
-    engine = Engine(model, sizes, eos_token_ids=[EOS], step_masks=step_masks)
-    try:
-        greedy = Sampling(max_new_tokens=12)
-        with ThreadPoolExecutor(len(prompts)) as pool:
-            got = list(pool.map(lambda p: run_to_end(engine, p, greedy)[0], prompts))
-        assert got == expected
+    with answering_as_generate(model, step_masks) as engine:  # the model's own eager
         assert engine.step_masks is step_masks
-    finally:
-        engine.close()
 
 
 def test_each_architecture_gets_the_attention_it_can_batch_on() -> None:
@@ -397,31 +393,8 @@ def test_each_architecture_answers_as_generate_under_step_masks(architecture: st
     config_class = getattr(transformers, f"{name}Config")
     model_class = getattr(transformers, f"{name.removesuffix('Text')}ForCausalLM")
     torch.manual_seed(0)
-    config = config_class(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=EOS,
-        bos_token_id=1,
-        pad_token_id=0,
-        **extra,
-    )
+    config = config_class(**TINY, **extra)
     model = model_class(config).eval()
     model.config._attn_implementation = _attention_for(config)
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (2, 11, 40, 70)]
-    expected = [generate_alone(model, p, 12) for p in prompts]
-    sizes = EngineSizes(max_num_seqs=8, max_batch_tokens=32, kv_cache_bytes=4 << 20)
-    engine = Engine(model, sizes, eos_token_ids=[EOS])
-    try:
+    with answering_as_generate(model) as engine:
         assert engine.step_masks
-        greedy = Sampling(max_new_tokens=12)
-        with ThreadPoolExecutor(len(prompts)) as pool:
-            got = list(pool.map(lambda p: run_to_end(engine, p, greedy)[0], prompts))
-        assert got == expected
-    finally:
-        engine.close()
