@@ -79,12 +79,20 @@ def push_cmd(
         int | None, typer.Option(min=1, help="default: THAW_CHUNK_SIZE_BYTES (8 MiB)")
     ] = None,
     threads: Annotated[int, typer.Option(min=1, help="hash/compress/upload threads")] = 8,
+    convert: Annotated[
+        bool,
+        typer.Option(
+            help="a transformers checkpoint saved in an older form (a mixture of experts' "
+            "matrices apart) is pushed as its model class holds it, so it loads with no "
+            "copy; the converted shards are written under TMPDIR first"
+        ),
+    ] = True,
 ) -> None:
     """Push DIRECTORY to the store and tag it REF; chunks already stored are skipped."""
     settings = Settings()
     with snapshotter_errors():
         registry = _registry(settings, store)
-        with transfer_bar(out, "push") as update:
+        with transfer_bar(out, "convert") as converting, transfer_bar(out, "push") as update:
 
             def on_progress(p: PushProgress) -> None:
                 note = f"{p.chunks_done}/{p.chunks_total} chunks, {p.chunks_deduplicated} dedup"
@@ -98,6 +106,8 @@ def push_cmd(
                 chunk_size_bytes=chunk_size_bytes or settings.chunk_size_bytes,
                 progress=on_progress,
                 threads=threads,
+                convert=convert,
+                convert_progress=lambda done, total: converting(done, total, "to the model's form"),
             )
     _print_push(result, registry)
 
@@ -105,6 +115,8 @@ def push_cmd(
 def _print_push(result: PushResult, registry: Registry) -> None:
     out.print(f"pushed {result.ref} ({result.kind.value}) to {registry.store.url}", soft_wrap=True)
     out.print(f"digest  {result.digest}", soft_wrap=True)
+    if result.converted:
+        out.print(f"converted  {result.converted}", soft_wrap=True)
     out.print(
         f"raw {human_bytes(result.raw_size_bytes)}, "
         f"stored {human_bytes(result.stored_size_bytes)}, "

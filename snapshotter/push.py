@@ -12,6 +12,11 @@ Order of work, which is what makes a push safe to interrupt and resume::
        ``snapshotter.gc``); if one is gone, fail with "push again"
     5. the tag, last
 
+Before step 1's plan, a Hugging Face model whose checkpoint transformers converts as it
+loads (a mixture of experts saved apart) is written once in the model's own form into a
+scratch directory, and that is pushed (``snapshotter.hf_convert``; ``convert=False``
+pushes the directory as it is). The manifest's annotations say so.
+
 A push that dies in step 2 leaves only whole chunks behind (stores write
 atomically); pushing again skips them and yields the same manifest digest,
 because the manifest depends only on the directory's bytes and the chunk size.
@@ -25,6 +30,7 @@ The progress callback is called from the calling thread only.
 
 from __future__ import annotations
 
+import tempfile
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
@@ -38,6 +44,7 @@ from snapshotter.artifact_dir import ArtifactDir, SourceFile, inspect_directory
 from snapshotter.chunking import Span, plan_chunks
 from snapshotter.digest import Hasher, digest_bytes, hex_part
 from snapshotter.errors import BadArtifactError, InvalidReferenceError
+from snapshotter.hf_convert import CONVERTED_ANNOTATION, ConvertProgress, converted_checkpoint
 from snapshotter.leases import DEFAULT_LEASE_TTL_S, LeaseKeeper, confirm_stored
 from snapshotter.manifest import (
     DEFAULT_CHUNK_SIZE_BYTES,
@@ -77,6 +84,7 @@ class PushResult:
     chunks_total: int
     chunks_new: int
     chunks_deduplicated: int
+    converted: str | None = None  # how the checkpoint was converted first (``hf_convert``)
 
 
 ProgressFn = Callable[[PushProgress], None]
@@ -93,6 +101,8 @@ def push_directory(
     threads: int = DEFAULT_PUSH_THREADS,
     annotations: Mapping[str, str] | None = None,
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+    convert: bool = True,
+    convert_progress: ConvertProgress | None = None,
 ) -> PushResult:
     """Push the directory at ``path`` and tag it ``ref`` (NAME:TAG).
 
@@ -101,7 +111,9 @@ def push_directory(
     ``StoreError`` if the store fails (whole chunks may remain; push again).
     A lease (``snapshotter.leases``) protects the chunks found already stored
     and the manifest from a concurrent ``thaw gc``; chunks it uploads are
-    protected by GC's grace period.
+    protected by GC's grace period. ``convert``: a model checkpoint in an older form is
+    pushed as its model class holds it (see the module docstring), showing
+    ``convert_progress(bytes read, of all)`` as it goes.
     """
     reference = ref if isinstance(ref, Reference) else Reference.parse(str(ref))
     if reference.digest:
@@ -109,6 +121,36 @@ def push_directory(
     if chunk_size_bytes <= 0:
         raise ValueError(f"chunk_size_bytes must be positive, got {chunk_size_bytes}")
     artifact = inspect_directory(Path(path), kind)
+    with tempfile.TemporaryDirectory(prefix="thaw-convert-") as scratch:
+        notes = dict(annotations or {})
+        if convert and artifact.kind is ArtifactKind.MODEL:
+            into = Path(scratch) / artifact.root.name
+            conversion = converted_checkpoint(artifact.root, into, progress=convert_progress)
+            if conversion is not None:
+                artifact = inspect_directory(into, artifact.kind)
+                notes[CONVERTED_ANNOTATION] = conversion.note
+        return _push(
+            artifact,
+            reference,
+            registry,
+            chunk_size_bytes,
+            progress,
+            threads,
+            notes,
+            lease_ttl_s,
+        )
+
+
+def _push(
+    artifact: ArtifactDir,
+    reference: Reference,
+    registry: Registry,
+    chunk_size_bytes: int,
+    progress: ProgressFn | None,
+    threads: int,
+    annotations: dict[str, str],
+    lease_ttl_s: float,
+) -> PushResult:
     plans = [(f, _plan(f, chunk_size_bytes)) for f in artifact.files]
     with LeaseKeeper(registry.store, f"push {reference}", ttl_s=lease_ttl_s) as lease:
         uploader = _Uploader(registry, artifact, sum(len(s) for _, s in plans), progress, lease)
@@ -118,7 +160,7 @@ def push_directory(
             kind=artifact.kind,
             files=entries,
             chunk_size_bytes=chunk_size_bytes,
-            annotations=dict(annotations or {}),
+            annotations=annotations,
         )
         digest = manifest.digest
         lease.protect(manifests=[digest])
@@ -262,6 +304,7 @@ class _Uploader:
             chunks_total=t.chunks_done,
             chunks_new=t.chunks_new,
             chunks_deduplicated=t.chunks_dedup,
+            converted=manifest.annotations.get(CONVERTED_ANNOTATION),
         )
 
 

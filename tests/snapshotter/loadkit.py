@@ -61,9 +61,13 @@ def counting_registry(config: StoreConfig) -> tuple[Registry, CountingStore]:
     return Registry(store), store
 
 
-def push(registry: Registry, directory: Path, ref: str) -> str:
-    """Push ``directory`` as ``ref`` in small chunks; returns the manifest digest."""
-    return push_directory(directory, ref, registry, chunk_size_bytes=TEST_CHUNK_SIZE_BYTES).digest
+def push(registry: Registry, directory: Path, ref: str, *, convert: bool = True) -> str:
+    """Push ``directory`` as ``ref`` in small chunks; returns the manifest digest.
+    ``convert``: as ``push_directory``'s (False: a checkpoint's older form kept)."""
+    pushed = push_directory(
+        directory, ref, registry, chunk_size_bytes=TEST_CHUNK_SIZE_BYTES, convert=convert
+    )
+    return pushed.digest
 
 
 def expected_tensors(directory: Path) -> dict[str, torch.Tensor]:

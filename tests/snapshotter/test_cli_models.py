@@ -125,6 +125,26 @@ def test_store_option_overrides_settings_and_bundle_kind(tmp_path: Path) -> None
     assert "fn:1" in output and "bundle" in output
 
 
+def test_a_mixture_of_experts_is_converted_as_it_is_pushed(tmp_path: Path) -> None:
+    """The push says the checkpoint was converted, and to what; ``--no-convert`` keeps
+    it as saved."""
+    from tests.snapshotter.test_module_fill import mixtral
+
+    mixtral(tmp_path / "moe")
+    store = tmp_path / "store"
+    env = {"THAW_HOME": str(tmp_path / "home"), "THAW_STORE": str(store), "COLUMNS": "200"}
+    code, output = thaw(env, "models", "push", str(tmp_path / "moe"), "moe:v1")
+    assert code == 0, output
+    assert "convert" in output  # the conversion's bar
+    [line] = [x for x in output.splitlines() if x.startswith("converted  ")]
+    assert "tensors of MixtralForCausalLM converted by transformers" in line
+    registry = Registry(open_store(StoreConfig(str(store))))
+    code, output = thaw(env, "models", "push", str(tmp_path / "moe"), "moe:v2", "--no-convert")
+    assert code == 0, output
+    assert "converted  " not in output
+    assert registry.resolve("moe:v2") != registry.resolve("moe:v1")
+
+
 def test_human_bytes() -> None:
     assert human_bytes(0) == "0 B"
     assert human_bytes(1023) == "1023 B"

@@ -121,14 +121,17 @@ def test_meta_module_fill_on_cuda(tmp_path: Path, llama_dir: Path) -> None:
         torch.testing.assert_close(model(ids).logits, reference(ids).logits)
 
 
-def test_a_mixture_of_experts_checkpoint_is_converted_and_filled_on_cuda(tmp_path: Path) -> None:
-    """The experts, apart in the checkpoint, are stacked from the tensors the loader put
-    on the device (so after their bytes arrived there), and answer as from_pretrained."""
+@pytest.mark.parametrize("convert", [True, False], ids=["converted-at-push", "as-saved"])
+def test_a_mixture_of_experts_checkpoint_is_converted_and_filled_on_cuda(
+    tmp_path: Path, convert: bool
+) -> None:
+    """The experts, stacked at push or apart in the checkpoint (then stacked from the
+    tensors the loader put on the device), answer as from_pretrained."""
     from tests.snapshotter.test_module_fill import mixtral
 
     cls, inputs = mixtral(tmp_path / "model")
     registry = Registry(LocalStore(tmp_path / "store"))
-    push(registry, tmp_path / "model", "moe:v1")
+    push(registry, tmp_path / "model", "moe:v1", convert=convert)
     with torch.device("meta"):
         model = cls(cls.config_class.from_pretrained(tmp_path / "model"))
     Snapshotter(registry).load_into_module(model, "moe:v1", "cuda")

@@ -125,16 +125,21 @@ SKELETONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
 }
 
 
+@pytest.mark.parametrize("convert", [True, False], ids=["converted-at-push", "as-saved"])
 @pytest.mark.parametrize("skeleton", sorted(SKELETONS))
 @pytest.mark.parametrize(
     "build", [bert, qwen2, clip, mixtral, qwen2_moe, gpt_neox], ids=lambda b: b.__name__
 )
 def test_filled_skeleton_answers_as_from_pretrained(
-    tmp_path: Path, build: Callable[[Path], tuple[Any, dict[str, Any]]], skeleton: str
+    tmp_path: Path,
+    build: Callable[[Path], tuple[Any, dict[str, Any]]],
+    skeleton: str,
+    convert: bool,
 ) -> None:
+    """Pushed as the model class holds it, or as saved (an older form converted at fill)."""
     cls, inputs = build(tmp_path / "model")
     registry = Registry(LocalStore(tmp_path / "store"))
-    push(registry, tmp_path / "model", "m:v1")
+    push(registry, tmp_path / "model", "m:v1", convert=convert)
     with SKELETONS[skeleton]():
         model = cls(cls.config_class.from_pretrained(tmp_path / "model"))
     non_persistent = {n for n, _ in model.named_buffers()} - set(model.state_dict())
@@ -287,7 +292,7 @@ def test_a_converted_models_first_forward_is_recorded_in_the_checkpoints_names(
         path = tmp_path / build.__name__
         cls, inputs = build(path)
         registry = Registry(LocalStore(tmp_path / "store"))
-        push(registry, path, f"{build.__name__}:v1")
+        push(registry, path, f"{build.__name__}:v1", convert=False)  # converted at fill
         with empty_weights():
             model = cls(cls.config_class.from_pretrained(path))
         load_into_module(model, f"{build.__name__}:v1", registry=registry)
