@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -92,12 +92,22 @@ def push_cmd(
     settings = Settings()
     with snapshotter_errors():
         registry = _registry(settings, store)
-        with transfer_bar(out, "convert") as converting, transfer_bar(out, "push") as update:
+        with ExitStack() as bars:
+            conversion = ExitStack()  # its bar ends when the conversion has read everything
+            bars.enter_context(conversion)
+            converting = conversion.enter_context(transfer_bar(out, "convert"))
+
+            def on_convert(done: int, total: int) -> None:
+                converting(done, total, "to the model's form")
+                if done >= total:
+                    conversion.close()
 
             def on_progress(p: PushProgress) -> None:
+                conversion.close()  # no conversion, or it is done
                 note = f"{p.chunks_done}/{p.chunks_total} chunks, {p.chunks_deduplicated} dedup"
                 update(p.bytes_done, p.bytes_total, note)
 
+            update = bars.enter_context(transfer_bar(out, "push"))
             result = push_directory(
                 directory,
                 ref,
@@ -107,7 +117,7 @@ def push_cmd(
                 progress=on_progress,
                 threads=threads,
                 convert=convert,
-                convert_progress=lambda done, total: converting(done, total, "to the model's form"),
+                convert_progress=on_convert,
             )
     _print_push(result, registry)
 
