@@ -51,10 +51,11 @@ def open_registry(store: dict[str, Any]) -> Registry:
 
 
 def push_model(model_dir: str, store: dict[str, Any], ref: str = BENCH_REF) -> str:
-    """Push the model directory to the store (chunks already there are skipped)."""
+    """Push the model directory to the store (chunks already there are skipped), as it
+    is: every loader reads the same files, and each is checked against their bytes."""
     from snapshotter.push import push_directory
 
-    return push_directory(Path(model_dir), ref, open_registry(store)).digest
+    return push_directory(Path(model_dir), ref, open_registry(store), convert=False).digest
 
 
 def create_s3_bucket(store: dict[str, Any]) -> None:
