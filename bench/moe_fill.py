@@ -29,6 +29,7 @@ from rich.table import Table
 
 
 def held_bytes(model: torch.nn.Module) -> int:
+    """The memory a filled model keeps alive: each storage its tensors view, once."""
     storages = {}
     for tensor in [*model.parameters(), *model.buffers()]:
         storage = tensor.untyped_storage()

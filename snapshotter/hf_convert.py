@@ -49,9 +49,6 @@ _LAYER = re.compile(r"\.(\d+)\.")  # the first index in a name: its layer, for g
 @dataclass(frozen=True)
 class Conversion:
     model_class: str
-    tensors_in: int  # the checkpoint's tensors
-    tensors_out: int  # the model's, as written
-    converted: int  # tensors made from others (stacks) or renamed
     note: str  # for the manifest's annotations
 
 
@@ -75,32 +72,31 @@ def converted_checkpoint(
     from snapshotter.safetensors_header import read_safetensors_header
 
     expected = model.state_dict(keep_vars=True)
+    stored_in = {p: read_safetensors_header(p).tensors for p in shards}
+    where = {t.name: p for p, tensors in stored_in.items() for t in tensors}
+    if all(name in expected for name in where):
+        return None
+    sizes = {t.name: t.nbytes for tensors in stored_in.values() for t in tensors}
+    total = sum(sizes.values())
+    dst.mkdir(parents=True)
+    writer = _ShardWriter(dst, shard_bytes)
+    read = 0
     with ExitStack() as files:
         opened = {p: files.enter_context(safe_open(p, "pt")) for p in shards}
-        where = {name: p for p, f in opened.items() for name in f.keys()}  # noqa: SIM118 (not iterable)
-        if all(name in expected for name in where):
-            return None
-        sizes = {t.name: t.nbytes for p in shards for t in read_safetensors_header(p).tensors}
-        total = sum(sizes.values())
-        dst.mkdir(parents=True)
-        writer = _ShardWriter(dst, shard_bytes)
-        read = converted = 0
         for group in _layer_groups(where):
             stored = {name: opened[where[name]].get_tensor(name) for name in group}
-            named = model_named(model, stored, expected)
-            converted += sum(1 for name, t in named.items() if stored.get(name) is not t)
-            for name, tensor in named.items():
+            for name, tensor in model_named(model, stored, expected).items():
                 writer.add(name, tensor)
             read += sum(sizes[name] for name in group)
             if progress is not None:
                 progress(read, total)
-        writer.close()
+    writer.close()
     _link_others(src, dst, skip={p.name for p in shards} | {INDEX_NAME})
     import transformers
 
     cls = type(model).__name__
     note = f"{len(where)} tensors of {cls} converted by transformers {transformers.__version__}"
-    return Conversion(cls, len(where), writer.count, converted, note)
+    return Conversion(cls, note)
 
 
 def _meta_model(src: Path) -> Any | None:
@@ -154,7 +150,6 @@ class _ShardWriter:
         self.pending_bytes = 0
         self.written: list[tuple[str, list[str]]] = []  # a shard's file name, its tensors
         self.total_bytes = 0
-        self.count = 0
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         size = tensor.numel() * tensor.element_size()
@@ -163,7 +158,6 @@ class _ShardWriter:
         self.pending[name] = tensor.contiguous()
         self.pending_bytes += size
         self.total_bytes += size
-        self.count += 1
 
     def _flush(self) -> None:
         from safetensors.torch import save_file

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from bench.moe_fill import held_bytes
 from snapshotter import load_into_module
 from snapshotter.hf_convert import CONVERTED_ANNOTATION, INDEX_NAME, converted_checkpoint
 from snapshotter.manifest import Manifest
@@ -21,15 +22,6 @@ from snapshotter.skeleton import empty_weights
 from snapshotter.stores.local import LocalStore
 from tests.snapshotter.loadkit import TEST_CHUNK_SIZE_BYTES
 from tests.snapshotter.test_module_fill import mixtral, qwen2, qwen2_moe
-
-
-def held_bytes(model: torch.nn.Module) -> int:
-    """The memory a filled model keeps alive: each storage its tensors view, once."""
-    storages = {}
-    for tensor in [*model.parameters(), *model.buffers()]:
-        storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
-    return sum(storages.values())
 
 
 def tensor_names(manifest: Manifest) -> set[str]:
