@@ -119,6 +119,8 @@ class CompletionRequest(_Generation):
         return self.max_tokens or 16  # OpenAI's default for completions
 
     def unsupported(self) -> OpenAIError | None:
+        if isinstance(self.prompt, list) and not self.prompt:
+            return invalid("prompt is empty: send a string or a list of token ids", "prompt")
         several = isinstance(self.prompt, list) and len(self.prompt) > 1
         if several and isinstance(self.prompt[0], str):
             return invalid("a list of several prompts is not supported", "prompt")

@@ -303,7 +303,8 @@ def test_eight_concurrent_streams_share_engine_steps(stack: Stack) -> None:
     """Eight streams at once to the one replica: its engine's own count says its running
     batch held several of them at once (not one stream after another), and all end."""
     peak = "thaw_llm_num_requests_running_max"
-    assert _engine_gauge(stack, peak) <= 1  # every earlier test called one at a time
+    assert _engine_gauge(stack, peak) <= 1  # every earlier test called one at a time (keep
+    # tests that call at once below this one)
 
     async def one(client: openai.AsyncOpenAI, i: int) -> int:
         stream = await client.completions.create(
@@ -331,6 +332,35 @@ def test_eight_concurrent_streams_share_engine_steps(stack: Stack) -> None:
     while _engine_gauge(stack, peak) < 2:
         assert time.monotonic() < deadline, llm_metrics(stack)
         time.sleep(0.1)
+
+
+def test_a_callers_bad_prompt_or_temperature_costs_no_other_caller(stack: Stack) -> None:
+    """Token ids outside the vocabulary, or a temperature float32 holds as 0, failed the
+    engine's step: transformers then failed every request in the batch and stopped its
+    loop, and the replica answered no call after. Now they are 400s, and the stream
+    beside them runs to its end."""
+    client = sdk(stack)
+    beside = client.completions.create(
+        model=FUNCTION, prompt="Hello", max_tokens=200, temperature=0, stream=True
+    )
+    chunks = iter(beside)
+    text = next(chunks).choices[0].text
+    for bad, says in [
+        ({"prompt": [5, 10**7]}, "token id 10000000 is outside this model's vocabulary"),
+        ({"prompt": [-1]}, "token id -1"),
+        ({"prompt": []}, "prompt is empty"),
+    ]:
+        with pytest.raises(openai.BadRequestError, match=says):
+            client.completions.create(model=FUNCTION, max_tokens=4, **bad)  # type: ignore[call-overload]
+    tiny = client.completions.create(model=FUNCTION, prompt="Hi", max_tokens=4, temperature=1e-300)
+    assert tiny.usage is not None and tiny.usage.completion_tokens == 4
+    last = None
+    for chunk in chunks:
+        text += chunk.choices[0].text
+        last = chunk.choices[0].finish_reason or last
+    assert last == "length"  # greedy "Hello" runs all 200 tokens (see below)
+    again = client.completions.create(model=FUNCTION, prompt="Hello", max_tokens=200, temperature=0)
+    assert again.choices[0].text == text
 
 
 def test_the_replicas_engine_reports_its_graph_counts_none_off_a_gpu(stack: Stack) -> None:

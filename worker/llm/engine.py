@@ -59,6 +59,7 @@ the manager's one global RNG.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -75,10 +76,16 @@ FinishReason = Literal["stop", "length"]
 SEED_LIMIT = 2**63  # exclusive: OpenAI's seed is a signed 64-bit integer
 _ROUTER_POLL_S = 0.05
 _WAKE_S = 0.1
+# A temperature above 0 but below this is taken as this (as vLLM does): the manager
+# keeps temperatures in float32, where 1e-300 is 0 and 1e-40 overflows the scores,
+# and one request's nan or inf probabilities stop the batch's generation loop.
+MIN_TEMPERATURE = 0.01
 GRAPH_Q_TOKENS = 16  # a graphed step's query tokens are padded to a multiple of this
 GRAPH_KV_TOKENS = 256  # the keys and values it reads, likewise, at least
 GRAPH_KV_SHAPES = 32  # at most this many key lengths for the whole cache
 GRAPH_CAPTURE_AT = 2  # a step shape's graph is captured when it comes this many times
+_RESTART_STOP_S = 10.0  # for a stopped loop's thread to end before a new one starts
+_RESTART_POLL_S = 0.01
 _PROBE_S = 120.0  # the start's probe request: the first captures take a few seconds
 
 log = logging.getLogger(__name__)
@@ -207,8 +214,10 @@ class Sampling:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, not {self.max_new_tokens}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], not {self}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a number >= 0, not {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], not {self.top_p!r}")
         if self.seed is not None and not (
             isinstance(self.seed, int) and 0 <= self.seed < SEED_LIMIT
         ):
@@ -221,10 +230,23 @@ class Sampling:
         else:
             warpers = {
                 "top_k": vocab_size,
-                "temperature": float(self.temperature),
+                "temperature": max(float(self.temperature), MIN_TEMPERATURE),
                 "top_p": self.top_p,
             }
         return warpers if self.seed is None else {**warpers, "seed": self.seed}
+
+
+def prompt_error(prompt_ids: list[int], vocab_size: int) -> str | None:
+    """Why ``prompt_ids`` cannot join a batch (None: they can). A token id outside the
+    embeddings fails the step that holds it, and with it the generation loop and every
+    request in the batch (on a GPU, a device-side assert ends the process's context)."""
+    if not prompt_ids:
+        return "the prompt has no tokens"
+    low, high = min(prompt_ids), max(prompt_ids)
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        return f"token id {bad} is outside this model's vocabulary (ids 0 to {vocab_size - 1})"
+    return None
 
 
 @dataclass(frozen=True)
@@ -361,15 +383,35 @@ class Engine:
         self.step_threads: StepThreadRule | None = None
         if threads is not None and threads.can_widen and model.device.type == "cpu":
             self.step_threads = StepThreadRule(threads)
+        self._model = model
+        self._make_manager = manager
+        self._capture_at = capture_at
         self.cuda_graphs = sizes.cuda_graphs and can_graph(model)
-        self._manager = manager(self.cuda_graphs)
+        self._begin()
+        self._lock = threading.Lock()
+        self._streams: dict[str, _Stream] = {}
+        self._closed = threading.Event()
+        self._step_listeners: list[Callable[[], None]] = []
+        self.peak_active = 0  # most requests seen in one running batch
+        self.aborted = 0  # requests cancelled before they finished (their callers left)
+        self.restarts = 0  # generation loops started again after a step failed
+        self.dead: str | None = None  # why the loop could not start again: calls refused
+        self._restart_lock = threading.Lock()  # held while the router starts a new loop
+        self._router = threading.Thread(target=self._route, name="llm-router", daemon=True)
+        self._router.start()
+
+    def _begin(self) -> None:
+        """Start a manager and probe it: on CUDA graphs first, then eagerly if the graphs
+        failed. Raises ``EngineError`` when no call could be answered."""
+        model = self._model
+        self._manager = self._make_manager(self.cuda_graphs)
         failed = self._probe()
         if self.cuda_graphs and failed is not None:
             log.warning("this model's steps cannot run as CUDA graphs, so run eagerly: %s", failed)
             self._manager.stop(block=True, timeout=30)
             reset_after_failed_capture(model.device)
             self.cuda_graphs = False
-            self._manager = manager(False)
+            self._manager = self._make_manager(False)
             failed = self._probe()
         if failed is not None:  # eagerly too: no call could be answered
             self._manager.stop(block=True, timeout=30)
@@ -379,17 +421,9 @@ class Engine:
             )
         self.capture_gate: CaptureGate | None = None
         if self.cuda_graphs:  # after the probe, which captures its shapes at once
-            gate = CaptureGate(capture_at)
+            gate = CaptureGate(self._capture_at)
             if install_capture_gate(self._manager, gate):
                 self.capture_gate = gate
-        self._lock = threading.Lock()
-        self._streams: dict[str, _Stream] = {}
-        self._closed = threading.Event()
-        self._step_listeners: list[Callable[[], None]] = []
-        self.peak_active = 0  # most requests seen in one running batch
-        self.aborted = 0  # requests cancelled before they finished (their callers left)
-        self._router = threading.Thread(target=self._route, name="llm-router", daemon=True)
-        self._router.start()
 
     def _probe(self) -> str | None:
         """One greedy request of two tokens, through the started manager before the
@@ -459,32 +493,68 @@ class Engine:
     ) -> _Stream:
         """Register the request's stream and add it to the manager; raises
         ``EngineError`` (nothing left registered) when it cannot be added."""
-        if not prompt_ids:
-            raise EngineError("the prompt has no tokens")
+        refused = prompt_error(prompt_ids, self.vocab_size)
+        if refused is not None:
+            raise EngineError(refused)
         eos_ids = () if sampling.ignore_eos else self.eos_token_ids
         stop_ids = frozenset(eos_ids) | frozenset(sampling.stop_token_ids)
-        stream = _Stream(queue.Queue(), sampling, stop_ids, sink=sink)
-        with self._lock:
-            if self._closed.is_set():
-                raise EngineError("the engine is stopped")
-            self._streams[request_id] = stream
-        added = None
-        try:
-            added = self._manager.add_request(
-                list(prompt_ids),
-                request_id=request_id,
-                max_new_tokens=sampling.max_new_tokens,
-                streaming=True,
-                eos_token_id=sorted(stop_ids) or -1,
-                **sampling.processor_kwargs(self.vocab_size),
+        manager = self._manager
+        stream = self._add(
+            prompt_ids, sampling, request_id, _Stream(queue.Queue(), sampling, stop_ids, sink=sink)
+        )
+        if stream is None and manager.background_thread_status.fatal_error is not None:
+            # The loop stopped on a failed step just now: the router is starting a new
+            # one, and this request was not in the failed batch.
+            self._await_restart(manager)
+            stream = self._add(
+                prompt_ids,
+                sampling,
+                request_id,
+                _Stream(queue.Queue(), sampling, stop_ids, sink=sink),
             )
-        finally:
-            if added is None:
-                with self._lock:
-                    self._streams.pop(request_id, None)
-        if added is None:
+        if stream is None:
             raise EngineError("the engine is not taking requests (stopping)")
         return stream
+
+    def _add(
+        self, prompt_ids: list[int], sampling: Sampling, request_id: str, stream: _Stream
+    ) -> _Stream | None:
+        """Register ``stream`` and add its request to the manager; None (nothing left
+        registered) when the manager takes no requests. Waits while the router starts a
+        new loop: the probe's reads by request id would put this request's outputs
+        back in the queue out of order, and the restart ends every stream open before."""
+        with self._restart_lock:
+            with self._lock:
+                if self._closed.is_set():
+                    raise EngineError("the engine is stopped")
+                if self.dead is not None:
+                    raise EngineError(
+                        f"the engine could not start again after a step failed: {self.dead}"
+                    )
+                self._streams[request_id] = stream
+            added = None
+            try:
+                added = self._manager.add_request(
+                    list(prompt_ids),
+                    request_id=request_id,
+                    max_new_tokens=sampling.max_new_tokens,
+                    streaming=True,
+                    eos_token_id=sorted(stream.stop_ids) or -1,
+                    **sampling.processor_kwargs(self.vocab_size),
+                )
+            finally:
+                if added is None:
+                    with self._lock:
+                        self._streams.pop(request_id, None)
+        return None if added is None else stream
+
+    def _await_restart(self, manager: Any) -> None:
+        """Until the router has replaced ``manager`` (or given up, or the engine closed)."""
+        deadline = time.monotonic() + _RESTART_STOP_S + _PROBE_S
+        while self._manager is manager and self.dead is None and not self._closed.is_set():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(_RESTART_POLL_S)
 
     def cancel(self, request_id: str) -> None:
         """End a pushed request: its sink gets nothing more (but the step the router
@@ -527,7 +597,7 @@ class Engine:
             output = self._manager.get_result(timeout=_ROUTER_POLL_S)
             if output is None:
                 if not self._manager.is_running():
-                    time.sleep(_ROUTER_POLL_S)  # get_result returns at once then
+                    self._after_loop_stopped()
                 continue
             while output is not None:  # the rest of the step's outputs, if they are there
                 self._deliver(output)
@@ -559,6 +629,35 @@ class Engine:
             began = float(output.lifespan[0])
             started = began if began > 0 else None
             stream.put(TokenStep(new, time.perf_counter(), reason, started))
+
+    def _after_loop_stopped(self) -> None:
+        """The manager's loop is not running (its outputs all handed over). Stopped by
+        ``close``: wait for the router's end. Stopped by a failed step: transformers
+        failed every request it held, so end any stream still open and start the loop
+        again, so one failed step costs the calls in it, not every later call. If it
+        cannot start again, ``dead`` says why and new requests are refused."""
+        fatal = self._manager.background_thread_status.fatal_error
+        if fatal is None or self._closed.is_set() or self.dead is not None:
+            time.sleep(_ROUTER_POLL_S)  # get_result returns at once now
+            return
+        log.error("a step failed and stopped the generation loop, starting it again: %s", fatal)
+        with self._restart_lock:  # new requests wait (``_add``)
+            with self._lock:
+                open_streams = list(self._streams.values())
+                self._streams.clear()
+            self._manager.stop(block=True, timeout=_RESTART_STOP_S)
+            try:
+                self._begin()
+                self.restarts += 1
+            except Exception as exc:
+                self.dead = f"{type(exc).__name__}: {exc}"
+                log.error(
+                    "the generation loop could not start again; refusing calls: %s", self.dead
+                )
+        # Ended outside the lock: a pushed stream's sink may start another request.
+        for stream in open_streams:
+            stream.put(EngineError(f"generation failed: {fatal}"))
+        self._after_step()
 
     # --- shutdown ------------------------------------------------------------------
     def close(self, timeout_s: float = 10.0) -> None:

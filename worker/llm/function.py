@@ -111,13 +111,17 @@ class LLMFunction:
             prompt = llm.chat_prompt(request["messages"])
         else:
             prompt = llm.text_prompt(request["prompt"])
-        sampling = Sampling(
-            max_new_tokens=llm.max_new_tokens(prompt, request["max_tokens"]),
-            temperature=request["temperature"],
-            top_p=request["top_p"],
-            seed=request["seed"],
-            ignore_eos=request["ignore_eos"],
-        )
+        max_new_tokens = llm.max_new_tokens(prompt, request["max_tokens"])
+        try:
+            sampling = Sampling(
+                max_new_tokens=max_new_tokens,
+                temperature=request["temperature"],
+                top_p=request["top_p"],
+                seed=request["seed"],
+                ignore_eos=request["ignore_eos"],
+            )
+        except ValueError as exc:
+            raise LLMRequestError(str(exc)) from None
         call.usage["prompt_tokens"] = len(prompt)
         call.usage["completion_tokens"] = 0
         return prompt, sampling, request["stop"]

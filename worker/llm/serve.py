@@ -26,6 +26,7 @@ from worker.llm.engine import (
     FinishReason,
     Sampling,
     TokenStep,
+    prompt_error,
 )
 from worker.llm.stops import StopScanner
 from worker.llm.threads import StepThreads
@@ -115,12 +116,21 @@ class LLMReplica:
             messages, add_generation_prompt=True, tokenize=True
         )
         ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded  # a BatchEncoding
-        return list(ids)
+        return self._checked(list(ids))
 
     def text_prompt(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, list):
-            return list(prompt)
-        return list(self.tokenizer(prompt)["input_ids"])
+            return self._checked(list(prompt))
+        return self._checked(list(self.tokenizer(prompt)["input_ids"]))
+
+    def _checked(self, prompt_ids: list[int]) -> list[int]:
+        """``prompt_ids``, or ``LLMRequestError`` for a prompt that would fail the batch
+        it joined (no tokens, an id outside the vocabulary): one caller's bad prompt
+        must not end every other caller's stream."""
+        refused = prompt_error(prompt_ids, self.engine.vocab_size)
+        if refused is not None:
+            raise LLMRequestError(refused)
+        return prompt_ids
 
     def max_new_tokens(self, prompt_ids: list[int], requested: int | None) -> int:
         """``requested``, or all the room the context leaves; raises

@@ -163,6 +163,7 @@ def test_completion_refusals_and_neutral_values() -> None:
         ({"echo": True}, "echo"),
         ({"best_of": 2}, "best_of"),
         ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": []}, "prompt"),  # was an IndexError making the call's input: a 500
     ):
         with pytest.raises(OpenAIError) as caught:
             parse_request(CompletionRequest, {"model": "m", "prompt": "x", **extra})

@@ -5,6 +5,7 @@ its batch; a request left early frees its sequence."""
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -229,6 +230,120 @@ def test_bad_requests_are_refused(engine: Engine) -> None:
             Sampling(4, seed=seed)
     assert Sampling(4, seed=2**63 - 1).processor_kwargs(VOCAB)["seed"] == 2**63 - 1
     assert "seed" not in Sampling(4).processor_kwargs(VOCAB)
+
+
+def _one_engine(model: Any) -> Engine:
+    """An engine of its own, for a test that breaks its generation loop."""
+    sizes = EngineSizes(max_num_seqs=4, max_batch_tokens=128, kv_cache_bytes=1 << 20)
+    return Engine(model, sizes, eos_token_ids=[EOS])
+
+
+def _beside(engine: Engine, prompt: list[int], n: int) -> tuple[threading.Thread, list[Any]]:
+    """A greedy request of ``n`` tokens running in a thread: its (tokens, reason) or
+    its error lands in the list."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(run_to_end(engine, prompt, Sampling(max_new_tokens=n, ignore_eos=True)))
+        except EngineError as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def test_a_prompt_outside_the_vocabulary_is_refused_and_the_batch_goes_on(model: Any) -> None:
+    """An id past the embeddings (or below 0) would fail the step that holds it, and
+    transformers then fails every request in the batch and stops its loop."""
+    engine = _one_engine(model)
+    try:
+        prompt = _prompts()[1]
+        thread, out = _beside(engine, prompt, 60)
+        while engine.active_requests() == 0:
+            time.sleep(0.01)
+        for bad, says in (([5, VOCAB], f"token id {VOCAB}"), ([-1, 5], "token id -1")):
+            with pytest.raises(EngineError, match=says):
+                next(engine.generate(bad, Sampling(4)))
+        thread.join(timeout=60)
+        assert out == [(generate_alone(model, prompt, 60), "length")]
+        assert (engine.restarts, engine.dead) == (0, None)
+    finally:
+        engine.close()
+
+
+def test_a_tiny_temperature_is_taken_as_the_least_and_a_nan_is_refused(model: Any) -> None:
+    """The manager keeps a request's temperature in float32: 1e-300 there is 0, its
+    scores inf, its probabilities nan, and the step fails for the whole batch."""
+    assert Sampling(4, temperature=1e-300).processor_kwargs(VOCAB)["temperature"] == 0.01
+    for bad in (math.nan, math.inf):
+        with pytest.raises(ValueError, match="temperature"):
+            Sampling(4, temperature=bad)
+    engine = _one_engine(model)
+    try:
+        prompt = _prompts()[1]
+        thread, out = _beside(engine, prompt, 40)
+        tokens, _ = run_to_end(engine, [5, 6, 7], Sampling(max_new_tokens=8, temperature=1e-300))
+        assert tokens
+        thread.join(timeout=60)
+        assert out == [(generate_alone(model, prompt, 40), "length")]
+        assert engine.restarts == 0
+    finally:
+        engine.close()
+
+
+def test_a_failed_step_costs_its_batch_and_the_loop_starts_again(
+    model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step that raises (a bug, memory) stops transformers' loop and fails the
+    requests in it; the engine starts the loop again, so the next call is answered."""
+    engine = _one_engine(model)
+    try:
+        forward = model.forward
+        failing = {"left": 1}
+
+        def fails_once(*args: Any, **kwargs: Any) -> Any:
+            if failing["left"]:
+                failing["left"] -= 1
+                raise RuntimeError("a step went wrong")
+            return forward(*args, **kwargs)
+
+        monkeypatch.setattr(model, "forward", fails_once)
+        with pytest.raises(EngineError, match="a step went wrong"):
+            run_to_end(engine, [5, 6, 7], Sampling(max_new_tokens=8))
+        prompt = _prompts()[2]
+        assert run_to_end(engine, prompt, Sampling(max_new_tokens=6))[0] == generate_alone(
+            model, prompt, 6
+        )
+        assert (engine.restarts, engine.dead) == (1, None)
+    finally:
+        engine.close()
+
+
+def test_a_loop_that_cannot_start_again_refuses_calls_saying_why(
+    model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = _one_engine(model)
+    try:
+        forward = model.forward
+
+        def fails(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("the device is gone")
+
+        monkeypatch.setattr(model, "forward", fails)
+        with pytest.raises(EngineError, match="the device is gone"):
+            run_to_end(engine, [5, 6, 7], Sampling(max_new_tokens=8))
+        deadline = time.monotonic() + 30
+        while engine.dead is None:
+            assert time.monotonic() < deadline, "the engine never gave up"
+            time.sleep(0.05)
+        monkeypatch.setattr(model, "forward", forward)
+        with pytest.raises(EngineError, match=r"could not start again.*the device is gone"):
+            run_to_end(engine, [5, 6], Sampling(max_new_tokens=2))
+        assert engine.restarts == 0
+    finally:
+        engine.close()
 
 
 def test_ignore_eos_runs_past_the_end_of_text(model: Any) -> None:

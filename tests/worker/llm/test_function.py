@@ -178,6 +178,11 @@ def test_an_adapter_changes_the_text_and_the_base_comes_back(function: LLMFuncti
         ({"messages": [{"role": "user"}]}, "each message"),
         ({"prompt": "a", "stop": "x"}, "stop"),
         ({"prompt": "a", "temperature": "hot"}, "temperature"),
+        # Each of these would have failed the engine's step, and every call in it.
+        ({"prompt": [5, 10**6]}, "token id 1000000 is outside this model's vocabulary"),
+        ({"prompt": [-2]}, "token id -2"),
+        ({"prompt": "a", "temperature": float("nan")}, "temperature"),
+        ({"prompt": "a", "top_p": float("nan")}, "top_p"),
     ],
 )
 def test_bad_input_is_a_request_error(function: LLMFunction, bad: Any, says: str) -> None:
