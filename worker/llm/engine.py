@@ -130,6 +130,28 @@ def kv_blocks(config: Any, dtype: torch.dtype, sizes: EngineSizes) -> int:
     return max(1, sizes.kv_cache_bytes // per_block)
 
 
+def sequence_tokens(manager: Any) -> int | None:
+    """The most tokens one sequence may hold in the started ``manager``'s KV cache (its
+    prompt and each token fed back: all but the last made), or None where no layer
+    bounds it (sliding windows only). A sequence past it can never be scheduled, and
+    transformers then fails the whole batch and stops its loop."""
+    from transformers.generation.continuous_batching.cache_allocators.full_attention import (
+        FullAttentionCacheAllocator,
+    )
+    from transformers.generation.continuous_batching.cache_allocators.sliding_attention import (
+        SlidingAttentionCacheAllocator,
+    )
+
+    allocators = manager.batch_processor.cache.cache_allocators.values()
+    bounds = [
+        a.num_blocks * a.tokens_per_page
+        for a in allocators
+        if isinstance(a, FullAttentionCacheAllocator)
+        and not isinstance(a, SlidingAttentionCacheAllocator)
+    ]
+    return min(bounds) if bounds else None
+
+
 def can_graph(model: Any) -> bool:
     """Whether ``model``'s steps may replay CUDA graphs: it is on a CUDA device."""
     return bool(model.device.type == "cuda")
@@ -388,6 +410,7 @@ class Engine:
         self._capture_at = capture_at
         self.cuda_graphs = sizes.cuda_graphs and can_graph(model)
         self._begin()
+        self.sequence_tokens = sequence_tokens(self._manager)
         self._lock = threading.Lock()
         self._streams: dict[str, _Stream] = {}
         self._closed = threading.Event()
@@ -494,6 +517,13 @@ class Engine:
         """Register the request's stream and add it to the manager; raises
         ``EngineError`` (nothing left registered) when it cannot be added."""
         refused = prompt_error(prompt_ids, self.vocab_size)
+        needed = len(prompt_ids) + sampling.max_new_tokens - 1
+        if refused is None and self.sequence_tokens is not None and needed > self.sequence_tokens:
+            refused = (
+                f"the prompt ({len(prompt_ids)} tokens) and max_new_tokens "
+                f"({sampling.max_new_tokens}) need {needed} tokens of KV cache; one sequence "
+                f"may hold {self.sequence_tokens}"
+            )
         if refused is not None:
             raise EngineError(refused)
         eos_ids = () if sampling.ignore_eos else self.eos_token_ids

@@ -83,6 +83,7 @@ class LLMReplica:
         self.tokenizer: Any = AutoTokenizer.from_pretrained(files)
         self.context_length = options.context_length or int(config.max_position_embeddings)
         self.max_tokens_limit = options.max_tokens_limit
+        self.kv_cache_mb = options.kv_cache_mb
         sizes = EngineSizes(
             max_num_seqs=options.max_num_seqs,
             max_batch_tokens=options.max_batch_tokens,
@@ -133,7 +134,7 @@ class LLMReplica:
         return prompt_ids
 
     def max_new_tokens(self, prompt_ids: list[int], requested: int | None) -> int:
-        """``requested``, or all the room the context leaves; raises
+        """``requested``, or all the room the context and the KV cache leave; raises
         ``PromptTooLongError`` when the prompt leaves none or too little."""
         room = self.context_length - len(prompt_ids)
         if room < 1:
@@ -151,7 +152,30 @@ class LLMReplica:
                 f"the prompt ({len(prompt_ids)} tokens) and max_tokens ({requested}) exceed "
                 f"this model's context of {self.context_length} tokens"
             )
-        return requested or min(room, self.max_tokens_limit)
+        cache_room = self._cache_room(prompt_ids, requested)
+        return requested or min(room, cache_room, self.max_tokens_limit)
+
+    def _cache_room(self, prompt_ids: list[int], requested: int | None) -> int:
+        """The most tokens the KV cache lets one sequence make after ``prompt_ids``;
+        raises ``PromptTooLongError`` when it is less than one, or than ``requested``.
+        A sequence the cache cannot hold would fail the batch it joined."""
+        held = self.engine.sequence_tokens
+        if held is None:  # sliding windows only: the context bounds it
+            return self.context_length
+        room = held - len(prompt_ids) + 1  # the last token made is never fed back
+        kv = (
+            f"this function's KV cache holds {held} tokens of one sequence "
+            f"([llm] kv_cache_mb = {self.kv_cache_mb})"
+        )
+        if room < 1:
+            raise PromptTooLongError(f"the prompt is {len(prompt_ids)} tokens; {kv}")
+        if requested is not None and requested > room:
+            raise PromptTooLongError(
+                f"the prompt ({len(prompt_ids)} tokens) and max_tokens ({requested}) need "
+                f"{len(prompt_ids) + requested - 1} tokens of KV cache; {kv}: ask for at most "
+                f"{room} tokens, or raise kv_cache_mb"
+            )
+        return room
 
     # --- one call ------------------------------------------------------------------
     def stream(

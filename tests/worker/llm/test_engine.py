@@ -273,6 +273,31 @@ def test_a_prompt_outside_the_vocabulary_is_refused_and_the_batch_goes_on(model:
         engine.close()
 
 
+def test_a_sequence_the_cache_cannot_hold_is_refused_and_the_batch_goes_on(model: Any) -> None:
+    """Two 64-token blocks: a sequence holds at most 128 tokens (the last made is never
+    fed back). Past that transformers could never schedule it, failed the whole batch
+    ("No requests can be scheduled") and stopped its loop."""
+    sizes = EngineSizes(max_num_seqs=4, max_batch_tokens=64, kv_cache_bytes=64 << 10)
+    engine = Engine(model, sizes, eos_token_ids=[EOS])
+    try:
+        assert engine.sequence_tokens == 128
+        prompt = _prompts()[0]
+        thread, out = _beside(engine, prompt, 40)
+        while engine.active_requests() == 0:
+            time.sleep(0.01)
+        with pytest.raises(
+            EngineError, match="need 129 tokens of KV cache; one sequence may hold 128"
+        ):
+            next(engine.generate([5] * 100, Sampling(max_new_tokens=30)))
+        thread.join(timeout=60)
+        assert out == [(generate_alone(model, prompt, 40), "length")]
+        full = Sampling(max_new_tokens=29, ignore_eos=True)
+        assert len(run_to_end(engine, [5] * 100, full)[0]) == 29
+        assert engine.restarts == 0
+    finally:
+        engine.close()
+
+
 def test_a_tiny_temperature_is_taken_as_the_least_and_a_nan_is_refused(model: Any) -> None:
     """The manager keeps a request's temperature in float32: 1e-300 there is 0, its
     scores inf, its probabilities nan, and the step fails for the whole batch."""

@@ -40,15 +40,19 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def replica(model_dir: Path) -> Iterator[LLMReplica]:
+    r = _replica(model_dir, LLMOptions(max_num_seqs=4, kv_cache_mb=2))
+    yield r
+    r.close()
+
+
+def _replica(model_dir: Path, options: LLMOptions) -> LLMReplica:
     weights = LoadedTensors()
     for shard in sorted(model_dir.glob("*.safetensors")):
         weights.update(load_file(shard))
     weights.report = None  # type: ignore[assignment]  # read from files, not the store
     config = json.loads((model_dir / "config.json").read_text())
     ctx = Context(device="cpu", weights=weights, config=config, files=model_dir)
-    r = LLMReplica(ctx, LLMOptions(max_num_seqs=4, kv_cache_mb=2))
-    yield r
-    r.close()
+    return LLMReplica(ctx, options)
 
 
 def _text(replica: LLMReplica, ids: list[int], sampling: Sampling, stop: Any = None) -> Any:
@@ -84,6 +88,25 @@ def test_a_stop_string_ends_the_text_before_it(replica: LLMReplica) -> None:
     stop = full[3:5]
     text, reason, _ = _text(replica, ids, Sampling(max_new_tokens=30), [stop])
     assert (text, reason) == (full[: full.index(stop)], "stop")
+
+
+def test_a_sequence_past_the_kv_cache_is_refused_and_a_default_fits_it(model_dir: Path) -> None:
+    """A context longer than the cache holds (a 32k model on a small kv_cache_mb): a
+    sequence the cache cannot hold is refused naming the setting, never sent to fail
+    the batch; with no max_tokens the call makes what fits."""
+    r = _replica(model_dir, LLMOptions(max_num_seqs=2, kv_cache_mb=1, context_length=4096))
+    try:
+        held = r.engine.sequence_tokens
+        assert held == 2048  # 1 MiB of 512-byte tokens (2 layers, 2 KV heads of 16, fp32)
+        assert r.max_new_tokens([1] * 10, None) == held - 9
+        assert r.max_new_tokens([1] * 10, held - 9) == held - 9
+        with pytest.raises(PromptTooLongError, match=r"need 2049 tokens of KV cache.*= 1\)"):
+            r.max_new_tokens([1] * 10, held - 8)
+        with pytest.raises(PromptTooLongError, match="the prompt is 2049 tokens; this function"):
+            r.max_new_tokens([1] * (held + 1), None)
+        assert r.max_new_tokens([1] * held, None) == 1
+    finally:
+        r.close()
 
 
 def test_prompt_past_the_context_is_refused(replica: LLMReplica) -> None:
