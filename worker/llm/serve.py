@@ -108,14 +108,21 @@ class LLMReplica:
     # --- prompts -----------------------------------------------------------------
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
         """The model's own chat template over ``messages``, ready for the answer."""
+        from jinja2 import TemplateError
+
         if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(
+            raise LLMRequestError(
                 "this model has no chat template (chat_template.jinja or tokenizer_config.json "
                 "chat_template): use /v1/completions with a plain prompt"
             )
-        encoded: Any = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True
-        )
+        try:
+            encoded: Any = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True
+            )
+        except TemplateError as exc:  # the template's own raise_exception: roles, order
+            raise LLMRequestError(
+                f"the model's chat template refused the messages: {exc}"
+            ) from None
         ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded  # a BatchEncoding
         return self._checked(list(ids))
 

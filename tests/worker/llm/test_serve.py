@@ -18,7 +18,7 @@ from control_plane.protocol import LLMOptions
 from examples.build_model import build_model
 from snapshotter.loader import LoadedTensors
 from worker.llm.engine import Sampling
-from worker.llm.serve import LLMReplica, PromptTooLongError
+from worker.llm.serve import LLMReplica, LLMRequestError, PromptTooLongError
 from worker.sdk import Context
 
 TEMPLATE = (
@@ -79,6 +79,26 @@ def test_a_chat_prompt_uses_the_model_template(replica: LLMReplica) -> None:
     assert replica.tokenizer.decode(ids) == "<s>user: Hello\n<s>assistant:"
     text, reason, _ = _text(replica, ids, Sampling(max_new_tokens=8))
     assert reason in ("stop", "length") and isinstance(text, str)
+
+
+def test_a_template_that_refuses_the_messages_or_none_is_a_request_error(
+    replica: LLMReplica, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gemma's template raises on a system message, many on roles out of turn: the
+    caller's mistake (a 400), not the model failing (a 500)."""
+    no_system = (
+        "{% if messages[0]['role'] == 'system' %}"
+        "{{ raise_exception('System role not supported') }}{% endif %}"
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    monkeypatch.setattr(replica.tokenizer, "chat_template", no_system)
+    system = [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Hi"}]
+    with pytest.raises(LLMRequestError, match="refused the messages: System role not supported"):
+        replica.chat_prompt(system)
+    assert replica.chat_prompt(system[1:])
+    monkeypatch.setattr(replica.tokenizer, "chat_template", None)
+    with pytest.raises(LLMRequestError, match="no chat template"):
+        replica.chat_prompt(system[1:])
 
 
 def test_a_stop_string_ends_the_text_before_it(replica: LLMReplica) -> None:
