@@ -438,8 +438,9 @@ class InProcess:
         sent = time.perf_counter() - t0
         first, tokens = None, 0
         sampling = Sampling(max_new_tokens=max_tokens, temperature=1.0, seed=i)
-        detok = IncrementalDetokenizer(self.tokenizer)
-        for step in self.engine.generate(self.ids[i % len(self.ids)], sampling):
+        prompt = self.ids[i % len(self.ids)]
+        detok = IncrementalDetokenizer(self.tokenizer, prompt_ids=prompt)  # as thaw's replica
+        for step in self.engine.generate(prompt, sampling):
             if first is None and detok.add(step.token_ids):
                 first = time.perf_counter() - t0
             tokens += len(step.token_ids)

@@ -205,7 +205,7 @@ class LLMReplica:
     def _stream(
         self, prompt_ids: list[int], sampling: Sampling, stop: list[str] | None
     ) -> Iterator[TextDelta]:
-        detok = IncrementalDetokenizer(self.tokenizer)
+        detok = IncrementalDetokenizer(self.tokenizer, prompt_ids=prompt_ids)
         scan = StopScanner(stop or [])
         steps = self.engine.generate(prompt_ids, sampling)
         try:
@@ -244,7 +244,7 @@ class LLMReplica:
                 f"unknown adapter {adapter!r}; this function has {self.adapters or 'none'}"
             )
         with self.gate.hold(adapter):
-            text = PushedText(self, stop, on_delta, on_end)
+            text = PushedText(self, prompt_ids, stop, on_delta, on_end)
             self.engine.push(prompt_ids, sampling, text.sink, text.request_id)
             try:
                 yield
@@ -276,13 +276,14 @@ class PushedText:
     def __init__(
         self,
         replica: LLMReplica,
+        prompt_ids: list[int],
         stop: list[str] | None,
         on_delta: Callable[[TextDelta], None],
         on_end: Callable[[BaseException | None], None],
     ) -> None:
         self.request_id = uuid.uuid4().hex
         self._engine = replica.engine
-        self._detok = IncrementalDetokenizer(replica.tokenizer)
+        self._detok = IncrementalDetokenizer(replica.tokenizer, prompt_ids=prompt_ids)
         self._scan = StopScanner(stop or [])
         self._on_delta = on_delta
         self._on_end = on_end
