@@ -47,9 +47,11 @@ class IncrementalDetokenizer:
         self._skip_special = skip_special_tokens
         self.token_ids: list[int] = []
         self.emitted = ""
-        backend = getattr(tokenizer, "_tokenizer", None)
+        from tokenizers import Tokenizer
+
+        backend = getattr(tokenizer, "backend_tokenizer", None)  # a fast tokenizer's
         self._stream: _Stream | None = None
-        if backend is not None and hasattr(backend, "decode"):
+        if isinstance(backend, Tokenizer):
             self._stream = _Stream(backend, skip_special_tokens, prompt_ids or [])
 
     def add(self, new_ids: list[int]) -> str:
