@@ -28,6 +28,7 @@ from worker.call_cancel import CallCancelled, RunningCalls
 from worker.pushed_calls import PushOut, StepFrames
 
 T_ENTRY_S = time.time()  # as early as possible: process_start ends here
+REPLICA_LOST_EXIT_CODE = 75  # EX_TEMPFAIL: the function raised sdk.ReplicaLost
 # Call threads of a replica told no target concurrency (an older agent).
 UNCAPPED_CALLS = 256
 
@@ -205,7 +206,8 @@ class ChildServer:
             phases_ms=self.replica.phases_ms, loads=self.replica.loads, imports=self.replica.imports
         )
         self.conn.send(dump(ready))
-        reporter_for(self.replica.instance, self.conn.send)  # an LLM replica's engine load
+        # an LLM replica's engine load; an engine that cannot run again ends the replica
+        reporter_for(self.replica.instance, self.conn.send, on_lost=_exit_lost)
 
     def _step_frames(self, replica: Any) -> StepFrames | None:
         """A function that pushes its streamed chunks step by step (an LLM function:
@@ -228,7 +230,7 @@ class ChildServer:
     def _run_call(self, msg: Any) -> None:
         from worker import log_guard
         from worker.child_protocol import CallError, Result, dump
-        from worker.sdk import CallContext, function_token_gaps, function_usage
+        from worker.sdk import CallContext, ReplicaLost, function_token_gaps, function_usage
         from worker.specialize import format_error
 
         log_guard.start_call()  # its thread ran other calls before: their output is theirs
@@ -276,6 +278,8 @@ class ChildServer:
             )
             err.loaded_adapters = self._loaded_adapters(msg.adapter)
             self.conn.send(dump(err))
+            if isinstance(exc, ReplicaLost):
+                _exit_lost(exc)
 
     def _loaded_adapters(self, named: str | None) -> list[str] | None:
         """Every adapter held now, after a call that named one (the only kind that
@@ -338,6 +342,15 @@ class ChildServer:
             result = None if msg.stream else chunks
         _check_json(result)
         return result
+
+
+def _exit_lost(exc: BaseException) -> None:
+    """The function said this replica can answer nothing again (``sdk.ReplicaLost``),
+    after its call's error went out: exit, so the worker reports the replica failed
+    and a new one takes the next call instead of this one failing it."""
+    print(f"replica lost, exiting: {exc}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(REPLICA_LOST_EXIT_CODE)
 
 
 def _output_frame(call_id: str, chunk: Any) -> bytes:

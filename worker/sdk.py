@@ -78,6 +78,10 @@ Contract:
   thread still sees.
 - An exception in ``__call__`` ends that call as failed with the message
   and the tail of the traceback; the replica stays up and takes more calls.
+  A ``ReplicaLost`` (raise it when this replica can answer nothing again: its
+  device context is gone, its engine cannot start) ends the call failed and
+  then the replica: its process exits, the worker reports it failed, and the
+  next call starts a new replica instead of failing here.
 - A call that runs past its timeout is cancelled: ``worker.call_cancel.CallCancelled``
   (a ``BaseException``, so ``except Exception`` does not catch it) is raised in
   its thread at the next Python line it runs, and its ``finally`` blocks run; code
@@ -107,7 +111,20 @@ from typing import Any, Protocol, runtime_checkable
 
 from control_plane.protocol import MAX_INT32, MAX_TOKEN_GAPS, TokenUsage
 
-__all__ = ["Adapter", "CallContext", "Context", "Function", "accepts_call_context", "is_stream"]
+__all__ = [
+    "Adapter",
+    "CallContext",
+    "Context",
+    "Function",
+    "ReplicaLost",
+    "accepts_call_context",
+    "is_stream",
+]
+
+
+class ReplicaLost(RuntimeError):
+    """This replica can answer no call again: the call that raises it fails with its
+    message, then the replica process exits (``worker.replica_child``)."""
 
 
 @dataclass

@@ -61,3 +61,28 @@ def test_only_a_function_with_engine_stats_gets_a_reporter() -> None:
     reporter = reporter_for(WithEngine(), lambda m: None)
     assert reporter is not None
     reporter.stop()
+
+
+def test_an_engine_that_cannot_run_again_ends_the_replica_through_on_lost() -> None:
+    """``sdk.ReplicaLost`` is a RuntimeError, but not a read that raced the engine:
+    it goes to ``on_lost`` (the replica exits) and the reporter stops."""
+    import threading
+
+    from worker.sdk import ReplicaLost
+
+    lost: list[ReplicaLost] = []
+    called = threading.Event()
+
+    def source() -> EngineStats:
+        raise ReplicaLost("the engine could not start again")
+
+    def on_lost(exc: ReplicaLost) -> None:
+        lost.append(exc)
+        called.set()
+
+    reporter = EngineReporter(source, lambda m: None, poll_s=0.01, on_lost=on_lost)
+    reporter.start()
+    assert called.wait(5)
+    reporter._thread.join(5)
+    assert not reporter._thread.is_alive()
+    assert [str(e) for e in lost] == ["the engine could not start again"]

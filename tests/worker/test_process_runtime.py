@@ -267,6 +267,31 @@ def test_death_is_reported_once_and_fails_the_call(flaky: tuple[ProcessReplica, 
     assert refused.kind == "failed" and "not running" in (refused.error or "")
 
 
+@pytest.mark.parametrize("how", ["in the call", "in engine_stats"])
+def test_a_replica_lost_fails_its_call_and_exits_the_replica(
+    runtime: ProcessRuntime, how: str
+) -> None:
+    """``sdk.ReplicaLost``: the call that raises it fails with its message, then the
+    process exits (75), so the worker reports the replica gone; raised by an engine's
+    stats read, the replica exits with no call failing."""
+    exits = Exits()
+    replica = runtime.start(spec("basic:Lost"), exits)
+    try:
+        [ok] = run(replica, "c1", {})
+        assert (ok.kind, ok.output) == ("succeeded", "ok")
+        if how == "in the call":
+            [failed] = run(replica, "c2", {"lose": True})
+            assert failed.kind == "failed"
+            assert (failed.error or "").startswith("ReplicaLost: the device is gone")
+        else:
+            [ok] = run(replica, "c2", {"later": True})
+            assert ok.kind == "succeeded"
+        assert exits.event.wait(10)
+        assert len(exits.calls) == 1 and "code 75" in exits.calls[0][1]
+    finally:
+        replica.stop()
+
+
 def test_failing_setup_raises_start_error_and_leaves_nothing(runtime: ProcessRuntime) -> None:
     with pytest.raises(ReplicaStartError) as info:
         runtime.start(spec("basic:FailingSetup"), Exits())

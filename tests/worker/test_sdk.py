@@ -163,6 +163,7 @@ def test_public_surface_is_pinned() -> None:
         "CallContext",
         "Context",
         "Function",
+        "ReplicaLost",
         "accepts_call_context",
         "is_stream",
     ]

@@ -71,6 +71,7 @@ from typing import Any, Literal
 import torch
 
 from worker.llm.threads import StepThreadRule, StepThreads, install_step_threads
+from worker.sdk import ReplicaLost
 
 FinishReason = Literal["stop", "length"]
 SEED_LIMIT = 2**63  # exclusive: OpenAI's seed is a signed 64-bit integer
@@ -93,6 +94,11 @@ log = logging.getLogger(__name__)
 
 class EngineError(RuntimeError):
     """The engine could not take or finish a request (the message says why)."""
+
+
+class EngineDeadError(EngineError, ReplicaLost):
+    """The generation loop stopped on a failed step and could not start again: no call
+    can be answered here (the replica exits after this call, ``sdk.ReplicaLost``)."""
 
 
 @dataclass(frozen=True)
@@ -558,7 +564,7 @@ class Engine:
                 if self._closed.is_set():
                     raise EngineError("the engine is stopped")
                 if self.dead is not None:
-                    raise EngineError(
+                    raise EngineDeadError(
                         f"the engine could not start again after a step failed: {self.dead}"
                     )
                 self._streams[request_id] = stream

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from control_plane.protocol import EngineStats, LLMOptions
-from worker.llm.engine import Sampling
+from worker.llm.engine import EngineDeadError, Sampling
 from worker.llm.serve import LLMReplica, LLMRequestError, TextDelta
 
 
@@ -131,6 +131,8 @@ class LLMFunction:
         llm = self.llm
         if llm is None:
             return None
+        if llm.engine.dead is not None:  # the replica ends (worker.engine_report)
+            raise EngineDeadError(f"the engine could not start again: {llm.engine.dead}")
         running, waiting, kv_usage = llm.engine.load()
         gate = llm.engine.capture_gate
         return EngineStats(

@@ -61,6 +61,31 @@ class Flaky:
         return "ok"
 
 
+class Lost:
+    """Answers until a call asks it to lose the replica (``sdk.ReplicaLost``), raised
+    by that call, or (``"later": true``) by its next engine_stats read."""
+
+    def __init__(self) -> None:
+        self.lost = False
+
+    def __call__(self, input: Any) -> Any:
+        from worker.sdk import ReplicaLost
+
+        if input.get("lose"):
+            raise ReplicaLost("the device is gone")
+        if input.get("later"):
+            self.lost = True
+        return "ok"
+
+    def engine_stats(self) -> Any:
+        from control_plane.protocol import EngineStats
+        from worker.sdk import ReplicaLost
+
+        if self.lost:
+            raise ReplicaLost("the engine could not start again")
+        return EngineStats()
+
+
 class FailingSetup:
     def setup(self, ctx: Any) -> None:
         raise RuntimeError("setup exploded on purpose")

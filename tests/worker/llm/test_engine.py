@@ -19,6 +19,7 @@ import torch
 from worker.llm.engine import (
     CaptureGate,
     Engine,
+    EngineDeadError,
     EngineError,
     EngineSizes,
     Sampling,
@@ -26,6 +27,7 @@ from worker.llm.engine import (
     _with_waiting,
     kv_blocks,
 )
+from worker.sdk import ReplicaLost
 
 VOCAB = 256
 EOS = 2
@@ -364,8 +366,9 @@ def test_a_loop_that_cannot_start_again_refuses_calls_saying_why(
             assert time.monotonic() < deadline, "the engine never gave up"
             time.sleep(0.05)
         monkeypatch.setattr(model, "forward", forward)
-        with pytest.raises(EngineError, match=r"could not start again.*the device is gone"):
+        with pytest.raises(EngineDeadError, match=r"could not start again.*the device is gone"):
             run_to_end(engine, [5, 6], Sampling(max_new_tokens=2))
+        assert issubclass(EngineDeadError, ReplicaLost)  # the replica exits after the call
         assert engine.restarts == 0
     finally:
         engine.close()

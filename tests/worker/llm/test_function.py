@@ -415,3 +415,15 @@ def test_the_engine_stats_of_an_engine_without_graphs_count_none(function: LLMFu
     function({"prompt": "Eager", "max_tokens": 3, "temperature": 0}, _call())
     stats = function.engine_stats()
     assert stats is not None and (stats.graph_captures, stats.graph_eager_steps) == (0, 0)
+
+
+def test_the_stats_of_an_engine_that_cannot_run_again_end_the_replica(
+    function: LLMFunction, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Raised to the engine reporter, which exits the replica (``worker.engine_report``)."""
+    from worker.llm.engine import EngineDeadError
+
+    assert function.llm is not None
+    monkeypatch.setattr(function.llm.engine, "dead", "RuntimeError: the device is gone")
+    with pytest.raises(EngineDeadError, match="the device is gone"):
+        function.engine_stats()
