@@ -9,12 +9,14 @@ and time per output token are measured here, where tokens are made.
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from control_plane.protocol import LLMOptions
@@ -100,7 +102,7 @@ class LLMReplica:
             narrow = torch.get_num_threads()
             wide = max(narrow, cpu_cores)
             threads = StepThreads(narrow, wide, options.wide_step_ms_per_token)
-        eos_ids = _eos_ids(config, self.tokenizer)
+        eos_ids = _eos_ids(config, self.tokenizer, files)
         self.engine = Engine(base, sizes, eos_token_ids=eos_ids, threads=threads)
         self._switch_adapter(None)  # the gate starts on the base model: so does the model
         self.gate = AdapterGate(self._switch_adapter)
@@ -416,10 +418,25 @@ def _weights_dtype(weights: Any) -> Any:
     return None
 
 
-def _eos_ids(config: Any, tokenizer: Any) -> list[int]:
-    """End-of-sequence ids from the model's config, else its tokenizer."""
-    eos = getattr(config, "eos_token_id", None)
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    ids = eos if isinstance(eos, list) else [eos]
-    return [int(i) for i in ids if i is not None]
+def _eos_ids(config: Any, tokenizer: Any, files: str) -> list[int]:
+    """End-of-sequence ids: the config's (else the tokenizer's), and those of the
+    model's ``generation_config.json``, where a chat model names its end of turn
+    (Llama 3's ``<|eot_id|>``, Gemma's ``<end_of_turn>``): ``generate`` and vLLM stop
+    on them too, and without them a chat answer runs on into the next turn."""
+    ids = _ids(getattr(config, "eos_token_id", None))
+    if not ids:
+        ids = _ids(tokenizer.eos_token_id)
+    path = Path(files) / "generation_config.json"
+    if path.is_file():
+        try:
+            generation = json.loads(path.read_text())
+        except ValueError as exc:
+            raise ValueError(f"the model's generation_config.json is not JSON: {exc}") from None
+        extra = generation.get("eos_token_id") if isinstance(generation, dict) else None
+        ids += [i for i in _ids(extra) if i not in ids]
+    return ids
+
+
+def _ids(eos: Any) -> list[int]:
+    values = eos if isinstance(eos, list) else [eos]
+    return [int(i) for i in values if i is not None]

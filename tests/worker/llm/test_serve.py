@@ -74,6 +74,47 @@ def test_greedy_text_equals_generate_decoded(model_dir: Path, replica: LLMReplic
     assert reason == ("stop" if new[-1] == replica.tokenizer.eos_token_id else "length")
 
 
+def test_the_end_of_turn_in_generation_config_ends_the_text_as_generate_does(
+    model_dir: Path, replica: LLMReplica, tmp_path: Path
+) -> None:
+    """A chat model names its end of turn in generation_config.json, beside the
+    config's end of text (Llama 3, Gemma): the replica stops there, as generate."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    ids = replica.text_prompt("The quick brown fox")
+    turn_end = next(
+        t for t in _generated(model_dir, ids, 12)[3:] if t != replica.tokenizer.eos_token_id
+    )
+    chat_dir = tmp_path / "chat-model"
+    shutil.copytree(model_dir, chat_dir)
+    generation = json.loads((chat_dir / "generation_config.json").read_text())
+    generation["eos_token_id"] = [replica.tokenizer.eos_token_id, turn_end]
+    (chat_dir / "generation_config.json").write_text(json.dumps(generation))
+    chat = _replica(chat_dir, LLMOptions(max_num_seqs=2, kv_cache_mb=1))
+    try:
+        reference = AutoModelForCausalLM.from_pretrained(chat_dir).eval()
+        with torch.no_grad():
+            out = reference.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=12)
+        expected = out[0, len(ids) :].tolist()
+        assert expected[-1] == turn_end and len(expected) < 12  # generate stopped there
+        text, reason, tokens = _text(chat, ids, Sampling(max_new_tokens=12))
+        assert (tokens, reason) == (len(expected), "stop")
+        assert text == chat.tokenizer.decode(expected, skip_special_tokens=True)
+    finally:
+        chat.close()
+
+
+def _generated(model_dir: Path, ids: list[int], n: int) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n)
+    return list(out[0, len(ids) :].tolist())
+
+
 def test_a_chat_prompt_uses_the_model_template(replica: LLMReplica) -> None:
     ids = replica.chat_prompt([{"role": "user", "content": "Hello"}])
     assert replica.tokenizer.decode(ids) == "<s>user: Hello\n<s>assistant:"
