@@ -158,6 +158,33 @@ def sequence_tokens(manager: Any) -> int | None:
     return min(bounds) if bounds else None
 
 
+def install_unblock_when_idle(manager: Any) -> None:
+    """After transformers' scheduler offloads a request to make room, it takes no
+    waiting request (``block_new_requests``) until an active one finishes. When the
+    active ones are cancelled instead (their callers left), none ever finishes: the
+    engine then waits forever with requests waiting, the offloaded one among them, and
+    every later call waits behind them. Here a step with nothing active unblocks it.
+    Wraps the scheduler of each batch processor ``manager`` makes, in its thread."""
+    create = manager._create_batch_processor
+
+    def created() -> Any:
+        processor = create()
+        scheduler = processor.scheduler
+        if not getattr(scheduler, "_thaw_unblocks", False):
+            schedule = scheduler.schedule_batch
+
+            def schedule_batch(*args: Any, **kwargs: Any) -> Any:
+                if scheduler.block_new_requests and not scheduler.active_requests:
+                    scheduler.block_new_requests = False
+                return schedule(*args, **kwargs)
+
+            scheduler.schedule_batch = schedule_batch
+            scheduler._thaw_unblocks = True
+        return processor
+
+    manager._create_batch_processor = created
+
+
 def can_graph(model: Any) -> bool:
     """Whether ``model``'s steps may replay CUDA graphs: it is on a CUDA device."""
     return bool(model.device.type == "cuda")
@@ -401,6 +428,7 @@ class Engine:
                 generation_config=generation, continuous_batching_config=batching
             )
             install_seeded_draw(made)
+            install_unblock_when_idle(made)
             if self.step_threads is not None:
                 install_step_threads(made, self.step_threads)
             if graphs:

@@ -300,6 +300,57 @@ def test_a_sequence_the_cache_cannot_hold_is_refused_and_the_batch_goes_on(model
         engine.close()
 
 
+def test_an_offloaded_request_runs_on_when_the_active_one_is_cancelled(model: Any) -> None:
+    """Four blocks, two requests of 250 tokens: at 128 tokens each needs a third block,
+    so transformers offloads one and takes no waiting request until an active one
+    finishes. The active one is cancelled there (its caller left) and none finishes:
+    the offloaded one, and every request after it, waited forever."""
+    sizes = EngineSizes(max_num_seqs=4, max_batch_tokens=256, kv_cache_bytes=128 << 10)
+    engine = Engine(model, sizes, eos_token_ids=[EOS])
+    try:
+        g = torch.Generator().manual_seed(5)
+        prompts = [torch.randint(3, VOCAB, (100,), generator=g).tolist() for _ in range(2)]
+        tokens: dict[str, list[int]] = {"a": [], "b": []}
+        ended = {"a": threading.Event(), "b": threading.Event()}
+        offloaded = threading.Event()
+        cancelled: list[str] = []
+
+        def sink_for(name: str) -> Any:
+            def sink(item: TokenStep | EngineError) -> None:
+                if isinstance(item, TokenStep):
+                    tokens[name] += item.token_ids
+                if not isinstance(item, TokenStep) or item.finished:
+                    ended[name].set()
+
+            return sink
+
+        def cancel_the_active_one() -> None:  # in the router, before another step
+            scheduler = engine._manager.batch_processor.scheduler
+            if scheduler.block_new_requests and not offloaded.is_set():
+                offloaded.set()
+                for request_id in list(scheduler.active_requests):
+                    cancelled.append(request_id)
+                    engine.cancel(request_id)
+
+        engine.add_step_listener(cancel_the_active_one)
+        sampling = Sampling(max_new_tokens=150, ignore_eos=True)
+        for name, prompt in zip(("a", "b"), prompts, strict=True):
+            engine.push(prompt, sampling, sink_for(name), name)
+        assert offloaded.wait(30), "the cache never made the scheduler offload a request"
+        assert len(cancelled) == 1, cancelled
+        left, waited = cancelled[0], "b" if cancelled[0] == "a" else "a"
+        assert ended[waited].wait(30), "the offloaded request never ran again"
+        assert len(tokens[waited]) == 150 and len(tokens[left]) < 150
+        alone = generate_alone(model, prompts[0 if waited == "a" else 1], 150)
+        assert tokens[waited][: len(alone)] == alone  # generate stops at its end of text
+        after = _prompts()[1]
+        assert run_to_end(engine, after, Sampling(max_new_tokens=6))[0] == generate_alone(
+            model, after, 6
+        )
+    finally:
+        engine.close()
+
+
 def test_a_tiny_temperature_is_taken_as_the_least_and_a_nan_is_refused(model: Any) -> None:
     """The manager keeps a request's temperature in float32: 1e-300 there is 0, its
     scores inf, its probabilities nan, and the step fails for the whole batch."""
