@@ -26,5 +26,7 @@ def test_the_whole_decode_is_the_tokenizer_without_its_fast_backend() -> None:
     from worker.llm.detokenize import IncrementalDetokenizer
 
     tokenizer = build_tokenizer()
-    assert IncrementalDetokenizer(tokenizer)._stream is not None
-    assert IncrementalDetokenizer(bench.WholeDecode(tokenizer))._stream is None
+    from worker.llm.detokenize import _Stream, _WholeDecode
+
+    assert isinstance(IncrementalDetokenizer(tokenizer)._way, _Stream)
+    assert isinstance(IncrementalDetokenizer(bench.WholeDecode(tokenizer))._way, _WholeDecode)

@@ -43,42 +43,49 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
         prompt_ids: list[int] | None = None,
     ) -> None:
-        self._tokenizer = tokenizer
-        self._skip_special = skip_special_tokens
-        self.token_ids: list[int] = []
-        self.emitted = ""
         from tokenizers import Tokenizer
 
         backend = getattr(tokenizer, "backend_tokenizer", None)  # a fast tokenizer's
-        self._stream: _Stream | None = None
+        self._way: _Stream | _WholeDecode
         if isinstance(backend, Tokenizer):
-            self._stream = _Stream(backend, skip_special_tokens, prompt_ids or [])
+            self._way = _Stream(backend, skip_special_tokens, prompt_ids or [])
+        else:
+            self._way = _WholeDecode(tokenizer, skip_special_tokens)
 
     def add(self, new_ids: list[int]) -> str:
         """The text ``new_ids`` completes: empty while a character is cut."""
-        self.token_ids.extend(new_ids)
-        delta = self._stream.add(new_ids) if self._stream is not None else self._whole_delta()
-        self.emitted += delta
-        return delta
+        return self._way.add(new_ids)
 
     def finish(self) -> str:
         """The rest of the text once no id will come."""
-        if self._stream is not None:
-            delta = self._stream.finish()
-        else:
-            text = self._text()
-            delta = text[len(self.emitted) :] if text.startswith(self.emitted) else ""
-        self.emitted += delta
-        return delta
+        return self._way.finish()
+
+
+class _WholeDecode:
+    """A slow tokenizer's way: the whole completion decoded at each id."""
+
+    def __init__(self, tokenizer: Decoder, skip_special: bool) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special = skip_special
+        self._ids: list[int] = []
+        self._shown = ""
 
     def _text(self) -> str:
-        return self._tokenizer.decode(self.token_ids, skip_special_tokens=self._skip_special)
+        return self._tokenizer.decode(self._ids, skip_special_tokens=self._skip_special)
 
-    def _whole_delta(self) -> str:
+    def add(self, new_ids: list[int]) -> str:
+        self._ids.extend(new_ids)
         text = self._text()
-        if text.endswith(REPLACEMENT_CHAR) or not text.startswith(self.emitted):
+        if text.endswith(REPLACEMENT_CHAR) or not text.startswith(self._shown):
             return ""
-        return text[len(self.emitted) :]
+        delta, self._shown = text[len(self._shown) :], text
+        return delta
+
+    def finish(self) -> str:
+        text = self._text()
+        delta = text[len(self._shown) :] if text.startswith(self._shown) else ""
+        self._shown += delta
+        return delta
 
 
 class _Stream:

@@ -563,30 +563,30 @@ class Engine:
         eos_ids = () if sampling.ignore_eos else self.eos_token_ids
         stop_ids = frozenset(eos_ids) | frozenset(sampling.stop_token_ids)
         manager = self._manager
-        stream = self._add(
-            prompt_ids, sampling, request_id, _Stream(queue.Queue(), sampling, stop_ids, sink=sink)
-        )
+        stream = self._add(prompt_ids, sampling, request_id, stop_ids, sink)
         if stream is None and manager.background_thread_status.fatal_error is not None:
             # The loop stopped on a failed step just now: the router is starting a new
             # one, and this request was not in the failed batch.
             self._await_restart(manager)
-            stream = self._add(
-                prompt_ids,
-                sampling,
-                request_id,
-                _Stream(queue.Queue(), sampling, stop_ids, sink=sink),
-            )
+            stream = self._add(prompt_ids, sampling, request_id, stop_ids, sink)
         if stream is None:
             raise EngineError("the engine is not taking requests (stopping)")
         return stream
 
     def _add(
-        self, prompt_ids: list[int], sampling: Sampling, request_id: str, stream: _Stream
+        self,
+        prompt_ids: list[int],
+        sampling: Sampling,
+        request_id: str,
+        stop_ids: frozenset[int],
+        sink: Sink | None,
     ) -> _Stream | None:
-        """Register ``stream`` and add its request to the manager; None (nothing left
-        registered) when the manager takes no requests. Waits while the router starts a
-        new loop: the probe's reads by request id would put this request's outputs
-        back in the queue out of order, and the restart ends every stream open before."""
+        """Register a new stream for the request and add it to the manager; None
+        (nothing left registered) when the manager takes no requests. Waits while the
+        router starts a new loop: the probe's reads by request id would put this
+        request's outputs back in the queue out of order, and the restart ends every
+        stream open before."""
+        stream = _Stream(queue.Queue(), sampling, stop_ids, sink=sink)
         with self._restart_lock:
             with self._lock:
                 if self._closed.is_set():
@@ -603,7 +603,7 @@ class Engine:
                     request_id=request_id,
                     max_new_tokens=sampling.max_new_tokens,
                     streaming=True,
-                    eos_token_id=sorted(stream.stop_ids) or -1,
+                    eos_token_id=sorted(stop_ids) or -1,
                     **sampling.processor_kwargs(self.vocab_size),
                 )
             finally:
