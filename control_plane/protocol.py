@@ -51,6 +51,7 @@ TASK_RUN_CALL = "thaw.run_call"
 #: Cold-start phases, in the order they happen.
 REPLICA_PHASES = (
     "schedule",
+    "transit",
     "pool_acquire",
     "process_start",
     "imports",

@@ -3,17 +3,21 @@ and the Prometheus observations of every phase and call timing.
 
 The worker reports the phases between receiving ``StartReplica`` and the
 replica being ready (pool acquire … user setup). The control plane adds the
-two it alone can see, so that for a cold call the phases add up to what
+three it alone can see, so that for a cold call the phases add up to what
 the caller waited::
 
-    accepted ─ schedule ─▶ StartReplica sent ─ worker phases ─▶ ready ─ first_output ─▶ first output
+    accepted ─ schedule ─▶ sent ─ transit + worker phases ─▶ ready ─ first_output ─▶ first output
     (or the decision to start,
      for warm-ups and min_replicas)
 
-``schedule`` = ``dispatched_at - requested_at`` of the replica, where
-``requested_at`` is the oldest waiting call's acceptance (or the decision
-time when no call waits). ``first_output`` = the call's first output (its
-end, for a call that does not stream) minus the replica's ``ready_at``.
+``sent`` is the StartReplica's dispatch. ``schedule`` = ``dispatched_at -
+requested_at`` of the replica, where ``requested_at`` is the oldest waiting
+call's acceptance (or the decision time when no call waits). ``first_output``
+= the call's first output (its end, for a call that does not stream) minus the
+replica's ``ready_at``. ``transit`` = what the worker's phases leave of
+``ready_at - dispatched_at``: the StartReplica's trip to the worker (its broker
+or HTTP hop) and the ready event's trip back. The two clocks are different
+machines', so the trips are one residual, not two measured spans.
 """
 
 from __future__ import annotations
@@ -31,12 +35,30 @@ def schedule_ms(requested_at: float | None, dispatched_at: float | None) -> floa
     return max(0.0, dispatched_at - requested_at) * 1000
 
 
+#: Phases the control plane measures; every other one is the worker's.
+_OWN_PHASES = frozenset({"schedule", "transit", "first_output"})
+
+
+def transit_ms(
+    dispatched_at: float | None, ready_at: float | None, worker_phases: dict[str, float]
+) -> float | None:
+    """The transit phase, or None until the replica is ready."""
+    if dispatched_at is None or ready_at is None:
+        return None
+    worker_ms = sum(max(0.0, ms) for name, ms in worker_phases.items() if name not in _OWN_PHASES)
+    return max(0.0, (ready_at - dispatched_at) * 1000 - worker_ms)
+
+
 def replica_phases(row: Replica) -> dict[str, float]:
-    """The replica's phases: the worker's, with ``schedule`` as the control plane measured it."""
+    """The replica's phases: the worker's, with ``schedule`` and ``transit`` as the
+    control plane measured them."""
     phases: dict[str, float] = json.loads(row.phases_json)
     measured = schedule_ms(row.requested_at, row.dispatched_at)
     if measured is not None:
         phases["schedule"] = measured
+    transit = transit_ms(row.dispatched_at, row.ready_at, phases)
+    if transit is not None:
+        phases["transit"] = transit
     return phases
 
 

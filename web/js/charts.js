@@ -4,6 +4,7 @@
 
 export const PHASES = [
   "schedule",
+  "transit",
   "pool_acquire",
   "process_start",
   "imports",
@@ -15,7 +16,7 @@ export const PHASES = [
   "first_output",
 ];
 const PHASE_COLORS = [
-  "#6e7781", "#8250df", "#bf3989", "#cf222e", "#bc4c00",
+  "#6e7781", "#afb8c1", "#8250df", "#bf3989", "#cf222e", "#bc4c00",
   "#d4a72c", "#1a7f37", "#0969da", "#0550ae", "#57606a",
 ];
 const COLD = "#c2410c";
