@@ -136,6 +136,7 @@ def _request(model: str, i: int, max_tokens: int) -> dict[str, Any]:
         "prompt": prompt(i),
         "max_tokens": max_tokens,
         "temperature": 1.0,
+        "top_p": 1.0,  # the same sampling whatever the model's generation_config.json says
         "seed": i,
         "stream": True,
         "stream_options": {"include_usage": True},

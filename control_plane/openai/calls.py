@@ -132,8 +132,10 @@ def call_input(
         )
     out: dict[str, Any] = {
         "max_tokens": requested,
-        "temperature": 1.0 if request.temperature is None else request.temperature,
-        "top_p": 1.0 if request.top_p is None else request.top_p,
+        # Left out: the model's generation_config.json decides, in the replica.
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "top_k": request.top_k,
         "seed": request.seed,
         "stop": request.stop_strings(),
     }

@@ -56,6 +56,8 @@ class _Generation(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
+    # vLLM's extension: sample from the k most likely tokens (0 or -1: all of them)
+    top_k: int | None = Field(default=None, ge=-1)
     n: int = Field(default=1, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None

@@ -227,6 +227,11 @@ def test_stop_and_seed(stack: Stack) -> None:
         client.completions.create(**args, temperature=1.0, seed=7).choices[0].text for _ in range(2)
     ]
     assert seeded[0] == seeded[1]
+    # vLLM's top_k, as the SDK sends an extension: one token is the greedy one.
+    top_one = client.completions.create(
+        **args, temperature=1.5, seed=7, extra_body={"top_k": 1}
+    ).choices[0]
+    assert top_one.text == full
 
 
 def test_bad_input_gets_openai_errors(stack: Stack) -> None:

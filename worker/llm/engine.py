@@ -262,6 +262,7 @@ class Sampling:
     max_new_tokens: int
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
+    top_k: int = 0  # 0: every token of the vocabulary
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None  # the same seed, prompt and values give the same tokens
     ignore_eos: bool = False  # run to max_new_tokens past the model's end of text (load tests)
@@ -273,6 +274,8 @@ class Sampling:
             raise ValueError(f"temperature must be a number >= 0, not {self.temperature!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], not {self.top_p!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0: off), not {self.top_k!r}")
         if self.seed is not None and not (
             isinstance(self.seed, int) and 0 <= self.seed < SEED_LIMIT
         ):
@@ -284,7 +287,7 @@ class Sampling:
             warpers = {"top_k": 1, "temperature": 1.0, "top_p": 1.0}
         else:
             warpers = {
-                "top_k": vocab_size,
+                "top_k": min(self.top_k, vocab_size) or vocab_size,
                 "temperature": max(float(self.temperature), MIN_TEMPERATURE),
                 "top_p": self.top_p,
             }

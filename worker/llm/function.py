@@ -6,8 +6,10 @@ A call's input is what the OpenAI routes make of a request
 
     {"messages": [{"role": "user", "content": "Hi"}]}   or   {"prompt": "Once"}
     + "max_tokens" (None: all the context leaves), "temperature", "top_p",
-      "seed", "stop" (a list of strings), "ignore_eos" (true: run to max_tokens
-      past the model's end of text, as load generators ask)
+      "top_k" (each left out or None: the model's generation_config.json, else
+      OpenAI's: ``serve.sampling_defaults``), "seed", "stop" (a list of
+      strings), "ignore_eos" (true: run to max_tokens past the model's end of
+      text, as load generators ask)
 
 A streaming call yields ``{"text": delta, "tokens": n}`` as tokens are made, the
 first also with ``"prompt_tokens"``, the last with ``"finish_reason"`` and
@@ -112,11 +114,14 @@ class LLMFunction:
         else:
             prompt = llm.text_prompt(request["prompt"])
         max_new_tokens = llm.max_new_tokens(prompt, request["max_tokens"])
+        asked = {name: request[name] for name in ("temperature", "top_p", "top_k")}
+        values = {n: llm.sampling_defaults[n] if v is None else v for n, v in asked.items()}
         try:
             sampling = Sampling(
                 max_new_tokens=max_new_tokens,
-                temperature=request["temperature"],
-                top_p=request["top_p"],
+                temperature=values["temperature"],
+                top_p=values["top_p"],
+                top_k=int(values["top_k"]),
                 seed=request["seed"],
                 ignore_eos=request["ignore_eos"],
             )
@@ -245,8 +250,12 @@ def _request(input: Any) -> dict[str, Any]:
     if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
         raise LLMRequestError('"max_tokens" is a positive integer')
     out["max_tokens"] = max_tokens
-    out["temperature"] = _number(input, "temperature", 1.0)
-    out["top_p"] = _number(input, "top_p", 1.0)
+    out["temperature"] = _number(input, "temperature")
+    out["top_p"] = _number(input, "top_p")
+    top_k = input.get("top_k")
+    if top_k is not None and not (_is_int(top_k) and top_k >= -1):
+        raise LLMRequestError('"top_k" is an integer: the k most likely tokens (0 or -1: all)')
+    out["top_k"] = None if top_k is None else max(0, top_k)
     seed = input.get("seed")
     if seed is not None and not (_is_int(seed) and 0 <= seed < 2**63):
         raise LLMRequestError('"seed" is an integer from 0 to 2**63 - 1')
@@ -275,10 +284,10 @@ def _messages(messages: Any) -> list[dict[str, str]]:
     return out
 
 
-def _number(input: dict[str, Any], name: str, default: float) -> float:
+def _number(input: dict[str, Any], name: str) -> float | None:
     value = input.get(name)
     if value is None:
-        return default
+        return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise LLMRequestError(f'"{name}" is a number')
     return float(value)

@@ -10,6 +10,7 @@ and time per output token are measured here, where tokens are made.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import uuid
 from collections import deque
@@ -102,7 +103,9 @@ class LLMReplica:
             narrow = torch.get_num_threads()
             wide = max(narrow, cpu_cores)
             threads = StepThreads(narrow, wide, options.wide_step_ms_per_token)
-        eos_ids = _eos_ids(config, self.tokenizer, files)
+        generation = _generation_config(files)
+        self.sampling_defaults = sampling_defaults(generation)
+        eos_ids = _eos_ids(config, self.tokenizer, generation)
         self.engine = Engine(base, sizes, eos_token_ids=eos_ids, threads=threads)
         self._switch_adapter(None)  # the gate starts on the base model: so does the model
         self.gate = AdapterGate(self._switch_adapter)
@@ -418,7 +421,21 @@ def _weights_dtype(weights: Any) -> Any:
     return None
 
 
-def _eos_ids(config: Any, tokenizer: Any, files: str) -> list[int]:
+def _generation_config(files: str) -> dict[str, Any]:
+    """The model's ``generation_config.json`` ({} when it has none)."""
+    path = Path(files) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        generation = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"the model's generation_config.json is not JSON: {exc}") from None
+    if not isinstance(generation, dict):
+        raise ValueError("the model's generation_config.json is not a JSON object")
+    return generation
+
+
+def _eos_ids(config: Any, tokenizer: Any, generation: dict[str, Any]) -> list[int]:
     """End-of-sequence ids: the config's (else the tokenizer's), and those of the
     model's ``generation_config.json``, where a chat model names its end of turn
     (Llama 3's ``<|eot_id|>``, Gemma's ``<end_of_turn>``): ``generate`` and vLLM stop
@@ -426,15 +443,43 @@ def _eos_ids(config: Any, tokenizer: Any, files: str) -> list[int]:
     ids = _ids(getattr(config, "eos_token_id", None))
     if not ids:
         ids = _ids(tokenizer.eos_token_id)
-    path = Path(files) / "generation_config.json"
-    if path.is_file():
-        try:
-            generation = json.loads(path.read_text())
-        except ValueError as exc:
-            raise ValueError(f"the model's generation_config.json is not JSON: {exc}") from None
-        extra = generation.get("eos_token_id") if isinstance(generation, dict) else None
-        ids += [i for i in _ids(extra) if i not in ids]
+    ids += [i for i in _ids(generation.get("eos_token_id")) if i not in ids]
     return ids
+
+
+#: The sampling a call leaves out, when the model's generation_config.json names none.
+OPENAI_SAMPLING: dict[str, float] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+
+
+def sampling_defaults(generation: dict[str, Any]) -> dict[str, float]:
+    """What a call that leaves out ``temperature``, ``top_p`` or ``top_k`` samples with:
+    the values the model's authors put in its ``generation_config.json`` (Llama 3
+    Instruct: temperature 0.6, top_p 0.9; Qwen2.5 Instruct: 0.7, 0.8, top_k 20), else
+    OpenAI's. vLLM (``--generation-config auto``) and SGLang do the same; like them,
+    ``do_sample`` is not read: a request asks for greedy with ``temperature: 0``.
+    Raises ``ValueError`` naming a value no call could sample with."""
+    out = dict(OPENAI_SAMPLING)
+    for name in out:
+        value = generation.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"the model's generation_config.json has {name} = {value!r}")
+        out[name] = value
+    if name_error := _sampling_error(out):
+        raise ValueError(f"the model's generation_config.json has {name_error}")
+    return out
+
+
+def _sampling_error(values: dict[str, float]) -> str | None:
+    temperature, top_p, top_k = values["temperature"], values["top_p"], values["top_k"]
+    if not (math.isfinite(temperature) and temperature >= 0):
+        return f"temperature = {temperature!r} (a number >= 0)"
+    if not 0 < top_p <= 1:
+        return f"top_p = {top_p!r} (in (0, 1])"
+    if top_k != int(top_k) or top_k < 0:
+        return f"top_k = {top_k!r} (an integer >= 0)"
+    return None
 
 
 def _ids(eos: Any) -> list[int]:

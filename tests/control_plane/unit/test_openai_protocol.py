@@ -134,6 +134,7 @@ def test_a_text_chunk_is_the_same_bytes_as_the_chunk_model_makes(
         ({"max_completion_tokens": -1}, "max_completion_tokens", "greater than or equal to 1"),
         ({"temperature": 3}, "temperature", "less than or equal to 2"),
         ({"top_p": 0}, "top_p", "greater than 0"),
+        ({"top_k": -2}, "top_k", "greater than or equal to -1"),
         ({"tools": [{"type": "function"}]}, "tools", "unsupported parameter: tools"),
         ({"logprobs": True}, "logprobs", "logprobs is not supported"),
         ({"presence_penalty": 0.5}, "presence_penalty", "presence_penalty is not supported"),

@@ -103,6 +103,68 @@ def test_a_stream_joined_equals_the_whole_text(function: LLMFunction) -> None:
     assert chunks[-1]["finish_reason"] == whole["finish_reason"]
 
 
+PROMPT = {"prompt": "Seven bridges cross the", "max_tokens": 16}
+
+
+def test_top_k_one_samples_the_greedy_text(function: LLMFunction) -> None:
+    greedy = function({**PROMPT, "temperature": 0}, _call())["text"]
+    assert (
+        function({**PROMPT, "temperature": 1.5, "top_k": 1, "seed": 3}, _call())["text"] == greedy
+    )
+    # All tokens (0 and -1 are both "off"): the same seeded draw either way, not greedy.
+    every = [
+        function({**PROMPT, "temperature": 1.5, "top_k": k, "seed": 3}, _call()) for k in (0, -1)
+    ]
+    assert every[0]["text"] == every[1]["text"] != greedy
+
+
+def _function_over(model_dir: Path) -> LLMFunction:
+    config = json.loads((model_dir / "config.json").read_text())
+    ctx = Context(device="cpu", weights=tensors_of(model_dir), config=config, files=model_dir)
+    fn = LLMFunction(LLMOptions(max_num_seqs=2, kv_cache_mb=1, max_tokens_limit=64))
+    fn.setup(ctx)
+    return fn
+
+
+def _with_generation_config(model_dir: Path, **values: Any) -> Path:
+    path = model_dir / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **values}))
+    return model_dir
+
+
+def test_what_a_call_leaves_out_is_sampled_as_the_models_generation_config_says(
+    function: LLMFunction, tmp_path: Path
+) -> None:
+    """The authors' values in generation_config.json (here top_k 1: greedy) are the
+    defaults, as vLLM and SGLang take them; what a call names still wins."""
+    model_dir = _with_generation_config(build_model(tmp_path / "model"), temperature=1.5, top_k=1)
+    fn = _function_over(model_dir)
+    try:
+        greedy = fn({**PROMPT, "temperature": 0}, _call())["text"]
+        assert fn({**PROMPT, "seed": 3}, _call())["text"] == greedy
+        named = fn({**PROMPT, "seed": 3, "top_k": 0}, _call())["text"]
+        assert named == fn({**PROMPT, "seed": 3, "top_k": 0, "temperature": 1.5}, _call())["text"]
+        assert named != greedy
+    finally:
+        fn.close()
+    # A model that names none: OpenAI's (temperature 1, top_p 1, every token).
+    openai = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+    left_out = function({**PROMPT, "seed": 3}, _call())["text"]
+    assert left_out == function({**PROMPT, "seed": 3, **openai}, _call())["text"]
+
+
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [({"top_p": 0}, "top_p = 0"), ({"temperature": "warm"}, "temperature = 'warm'")],
+)
+def test_a_generation_config_no_call_could_sample_with_is_refused_at_setup(
+    tmp_path: Path, values: dict[str, Any], says: str
+) -> None:
+    model_dir = _with_generation_config(build_model(tmp_path / "model"), **values)
+    with pytest.raises(ValueError, match=f"generation_config.json has {says}"):
+        _function_over(model_dir)
+
+
 def _wait_idle(function: LLMFunction) -> None:
     engine = function.llm.engine  # type: ignore[union-attr]
     deadline = time.monotonic() + 5
@@ -183,6 +245,8 @@ def test_an_adapter_changes_the_text_and_the_base_comes_back(function: LLMFuncti
         ({"prompt": [-2]}, "token id -2"),
         ({"prompt": "a", "temperature": float("nan")}, "temperature"),
         ({"prompt": "a", "top_p": float("nan")}, "top_p"),
+        ({"prompt": "a", "top_k": -2}, "top_k"),
+        ({"prompt": "a", "top_k": 1.5}, "top_k"),
     ],
 )
 def test_bad_input_is_a_request_error(function: LLMFunction, bad: Any, says: str) -> None:
