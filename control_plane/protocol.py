@@ -127,6 +127,12 @@ class ContainerOptions(BaseModel):
     cpus: float | None = None
 
 
+#: Stop strings of one LLM call, on every route: each token is scanned for each of
+#: them in the engine's router thread, which every stream of the replica waits on.
+MAX_STOP_SEQUENCES = 4
+MAX_STOP_CHARS = 1024
+
+
 class LLMOptions(BaseModel):
     """How an LLM function's replica serves its model (``[llm]`` in ``thaw.toml``;
     ``worker.llm``). Sizes are explicit: the KV cache gets ``kv_cache_mb``, never

@@ -12,8 +12,8 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from control_plane.openai.errors import OpenAIError, invalid
+from control_plane.protocol import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 
-MAX_STOP_SEQUENCES = 4
 FinishReason = Literal["stop", "length"]
 
 
@@ -91,6 +91,8 @@ class _Generation(BaseModel):
             return invalid("n > 1 is not supported: send n separate requests", "n")
         if len(self.stop_strings()) > MAX_STOP_SEQUENCES:
             return invalid(f"stop takes at most {MAX_STOP_SEQUENCES} sequences", "stop")
+        if any(len(s) > MAX_STOP_CHARS for s in self.stop_strings()):
+            return invalid(f"each stop sequence is at most {MAX_STOP_CHARS} characters", "stop")
         if self.stream_options is not None and not self.stream:
             return invalid("stream_options is only allowed with stream: true", "stream_options")
         for name in ("presence_penalty", "frequency_penalty"):

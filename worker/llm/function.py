@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from control_plane.protocol import EngineStats, LLMOptions
+from control_plane.protocol import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, EngineStats, LLMOptions
 from worker.llm.engine import EngineDeadError, Sampling
 from worker.llm.serve import LLMReplica, LLMRequestError, TextDelta
 
@@ -263,6 +263,12 @@ def _request(input: Any) -> dict[str, Any]:
     stop = input.get("stop") or []
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise LLMRequestError('"stop" is a list of strings')
+    stop = [s for s in stop if s]
+    if len(stop) > MAX_STOP_SEQUENCES or any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise LLMRequestError(
+            f'"stop" holds at most {MAX_STOP_SEQUENCES} strings of at most '
+            f"{MAX_STOP_CHARS} characters"
+        )
     out["stop"] = stop
     ignore_eos = input.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):

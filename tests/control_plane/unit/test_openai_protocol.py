@@ -139,6 +139,7 @@ def test_a_text_chunk_is_the_same_bytes_as_the_chunk_model_makes(
         ({"logprobs": True}, "logprobs", "logprobs is not supported"),
         ({"presence_penalty": 0.5}, "presence_penalty", "presence_penalty is not supported"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
+        ({"stop": "x" * 1025}, "stop", "at most 1024 characters"),
         ({"stream_options": {"include_usage": True}}, "stream_options", "stream: true"),
         ({"messages": []}, "messages", "at least 1"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role", "Input should be"),

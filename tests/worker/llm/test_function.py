@@ -239,6 +239,9 @@ def test_an_adapter_changes_the_text_and_the_base_comes_back(function: LLMFuncti
         ({"prompt": "a", "max_tokens": 65}, "max_tokens_limit"),
         ({"messages": [{"role": "user"}]}, "each message"),
         ({"prompt": "a", "stop": "x"}, "stop"),
+        # Each token is scanned for every stop string in the router all streams share.
+        ({"prompt": "a", "stop": list("abcde")}, "at most 4 strings"),
+        ({"prompt": "a", "stop": ["x" * 1025]}, "of at most 1024 characters"),
         ({"prompt": "a", "temperature": "hot"}, "temperature"),
         # Each of these would have failed the engine's step, and every call in it.
         ({"prompt": [5, 10**6]}, "token id 1000000 is outside this model's vocabulary"),
