@@ -154,6 +154,10 @@ class LLMOptions(BaseModel):
     # forward cannot be captured runs eagerly, as every model does with this off. Off
     # with adapters: a graph keeps the adapter it was captured with.
     cuda_graphs: bool = True
+    # v1.12: calls naming different LoRA adapters (or none) run in one batch, each
+    # token through its own call's adapter (worker.llm.adapters); off: one adapter at a
+    # time, calls for another waiting until the running ones end.
+    mixed_adapters: bool = True
 
 
 #: The most inter-token gaps one call reports (a longer completion reports its first).

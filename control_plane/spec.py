@@ -64,6 +64,7 @@ model's files) on a continuous-batching engine, behind the OpenAI routes
     max_tokens_limit = 4096        # the most tokens one call may ask for
     wide_step_ms_per_token = 3.0   # CPU: a step this slow per token takes every core
     cuda_graphs = true             # GPU: steps replay CUDA graphs (off with adapters)
+    mixed_adapters = true          # calls of different adapters share a batch
 """
 
 from __future__ import annotations

@@ -70,6 +70,7 @@ from typing import Any, Literal
 
 import torch
 
+from worker.llm.adapters import AdapterRouting, install_step_routing
 from worker.llm.threads import StepThreadRule, StepThreads, install_step_threads
 from worker.sdk import ReplicaLost
 
@@ -355,6 +356,7 @@ class _Stream:
     stop_ids: frozenset[int]
     seen: int = 0  # generated tokens already handed over
     sink: Sink | None = None  # pushed: steps go here, in the router thread
+    adapter: str | None = None  # the LoRA adapter its tokens go through (None: the base)
 
     def put(self, item: TokenStep | EngineError) -> None:
         if self.sink is not None:
@@ -378,13 +380,17 @@ class Engine:
         capture_at: int = GRAPH_CAPTURE_AT,
         step_masks: bool = True,
         step_masks_in_graphs: bool = False,
+        adapter_routing: AdapterRouting | None = None,
     ) -> None:
         """``threads``, on a CPU: each step's torch threads (``worker.llm.threads``);
         None leaves the process's own. ``capture_at``, with CUDA graphs: the time a step
         shape comes that captures its graph (1: the first, as transformers does).
         ``step_masks``: an eager step makes a mask of its own size (``worker.llm.attention``);
         False keeps transformers' dense mask as wide as the cache. ``step_masks_in_graphs``:
-        graphed steps too (a trial: not yet measured on a GPU)."""
+        graphed steps too (a trial: not yet measured on a GPU). ``adapter_routing``: each
+        request runs through the adapter it names, several in one step
+        (``worker.llm.adapters``; the model's LoRA layers routed by it); None: the model
+        as it is, for every request."""
         from transformers import GenerationConfig
         from transformers.generation import ContinuousBatchingConfig
 
@@ -432,6 +438,8 @@ class Engine:
             )
             install_seeded_draw(made)
             install_unblock_when_idle(made)
+            if adapter_routing is not None:
+                install_step_routing(made, adapter_routing, self._adapter_of)
             if self.step_threads is not None:
                 install_step_threads(made, self.step_threads)
             if graphs:
@@ -443,13 +451,14 @@ class Engine:
         if threads is not None and threads.can_widen and model.device.type == "cpu":
             self.step_threads = StepThreadRule(threads)
         self._model = model
+        self.adapter_routing = adapter_routing
         self._make_manager = manager
         self._capture_at = capture_at
         self.cuda_graphs = sizes.cuda_graphs and can_graph(model)
+        self._lock = threading.Lock()
+        self._streams: dict[str, _Stream] = {}  # the probe's steps read it: made first
         self._begin()
         self.sequence_tokens = sequence_tokens(self._manager)
-        self._lock = threading.Lock()
-        self._streams: dict[str, _Stream] = {}
         self._closed = threading.Event()
         self._step_listeners: list[Callable[[], None]] = []
         self.peak_active = 0  # most requests seen in one running batch
@@ -511,13 +520,14 @@ class Engine:
 
     # --- requests --------------------------------------------------------------
     def generate(
-        self, prompt_ids: list[int], sampling: Sampling
+        self, prompt_ids: list[int], sampling: Sampling, adapter: str | None = None
     ) -> Generator[TokenStep, None, None]:
         """The request's tokens as they are made, in steps; the last step has its
         finish reason. Closing the iterator early cancels the request and frees its
-        sequence and KV blocks. Raises ``EngineError``."""
+        sequence and KV blocks. ``adapter``: the LoRA adapter it runs through, with
+        ``adapter_routing`` (None: the base model). Raises ``EngineError``."""
         request_id = uuid.uuid4().hex
-        stream = self._start(prompt_ids, sampling, request_id, None)
+        stream = self._start(prompt_ids, sampling, request_id, None, adapter)
         finished = False
         try:
             held: Any = None  # what the last drain took past its step: an error
@@ -541,18 +551,32 @@ class Engine:
                 self._manager.cancel_request(request_id)
                 self.aborted += 1  # its sequence and KV blocks are freed now
 
-    def push(self, prompt_ids: list[int], sampling: Sampling, sink: Sink, request_id: str) -> None:
+    def push(
+        self,
+        prompt_ids: list[int],
+        sampling: Sampling,
+        sink: Sink,
+        request_id: str,
+        adapter: str | None = None,
+    ) -> None:
         """Start request ``request_id``, whose steps the router hands to ``sink`` (in its
         thread; the last step has its finish reason, or the sink gets an
         ``EngineError``); ``cancel(request_id)`` ends it early. The sink must be quick:
-        every stream waits for it."""
-        self._start(prompt_ids, sampling, request_id, sink)
+        every stream waits for it. ``adapter`` as for ``generate``."""
+        self._start(prompt_ids, sampling, request_id, sink, adapter)
 
     def _start(
-        self, prompt_ids: list[int], sampling: Sampling, request_id: str, sink: Sink | None
+        self,
+        prompt_ids: list[int],
+        sampling: Sampling,
+        request_id: str,
+        sink: Sink | None,
+        adapter: str | None,
     ) -> _Stream:
         """Register the request's stream and add it to the manager; raises
         ``EngineError`` (nothing left registered) when it cannot be added."""
+        if adapter is not None and self.adapter_routing is None:
+            raise EngineError(f"adapter {adapter!r}: this engine routes no adapters")
         refused = prompt_error(prompt_ids, self.vocab_size)
         needed = len(prompt_ids) + sampling.max_new_tokens - 1
         if refused is None and self.sequence_tokens is not None and needed > self.sequence_tokens:
@@ -566,12 +590,12 @@ class Engine:
         eos_ids = () if sampling.ignore_eos else self.eos_token_ids
         stop_ids = frozenset(eos_ids) | frozenset(sampling.stop_token_ids)
         manager = self._manager
-        stream = self._add(prompt_ids, sampling, request_id, stop_ids, sink)
+        stream = self._add(prompt_ids, sampling, request_id, stop_ids, sink, adapter)
         if stream is None and manager.background_thread_status.fatal_error is not None:
             # The loop stopped on a failed step just now: the router is starting a new
             # one, and this request was not in the failed batch.
             self._await_restart(manager)
-            stream = self._add(prompt_ids, sampling, request_id, stop_ids, sink)
+            stream = self._add(prompt_ids, sampling, request_id, stop_ids, sink, adapter)
         if stream is None:
             raise EngineError("the engine is not taking requests (stopping)")
         return stream
@@ -583,13 +607,14 @@ class Engine:
         request_id: str,
         stop_ids: frozenset[int],
         sink: Sink | None,
+        adapter: str | None,
     ) -> _Stream | None:
         """Register a new stream for the request and add it to the manager; None
         (nothing left registered) when the manager takes no requests. Waits while the
         router starts a new loop: the probe's reads by request id would put this
         request's outputs back in the queue out of order, and the restart ends every
         stream open before."""
-        stream = _Stream(queue.Queue(), sampling, stop_ids, sink=sink)
+        stream = _Stream(queue.Queue(), sampling, stop_ids, sink=sink, adapter=adapter)
         with self._restart_lock:
             with self._lock:
                 if self._closed.is_set():
@@ -622,6 +647,13 @@ class Engine:
             if time.monotonic() > deadline:
                 return
             time.sleep(_RESTART_POLL_S)
+
+    def _adapter_of(self, request_id: str) -> str | None:
+        """The adapter of a live request (None: the base model, or not one of ours).
+        In the generation thread, before each step; a stream ends after its last step."""
+        with self._lock:
+            stream = self._streams.get(request_id)
+        return None if stream is None else stream.adapter
 
     def cancel(self, request_id: str) -> None:
         """End a pushed request: its sink gets nothing more (but the step the router

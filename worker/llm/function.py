@@ -21,9 +21,10 @@ here where tokens are made, from the call's start in the replica: ``engine_queue
 ``tpot`` (the mean time per output token after it) and ``itl_p50`` / ``itl_p99``
 (the inter-token gaps).
 
-A call naming an adapter runs with that LoRA adapter active. The engine's batch
-runs one adapter at a time (``AdapterGate``): calls for another adapter wait
-until the running ones end, then the adapter is switched for the batch.
+A call naming an adapter runs through that LoRA adapter, in the same batch as calls
+naming others or none (``worker.llm.adapters``); with ``mixed_adapters`` off, or an
+adapter that cannot be mixed, the batch runs one adapter at a time (``AdapterGate``):
+calls for another adapter wait until the running ones end, then the model is switched.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ class LLMFunction:
         gate = llm.engine.capture_gate
         return EngineStats(
             running=running,
-            waiting=waiting + llm.gate.waiting(),
+            waiting=waiting + llm.adapter_waiting(),
             kv_cache_usage=kv_usage,
             peak_running=llm.engine.peak_active,
             aborted=llm.engine.aborted,

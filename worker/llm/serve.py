@@ -10,17 +10,19 @@ and time per output token are measured here, where tokens are made.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from control_plane.protocol import LLMOptions
+from worker.llm.adapters import AdapterRouting, mixable, route_lora_layers
 from worker.llm.detokenize import IncrementalDetokenizer
 from worker.llm.engine import (
     Engine,
@@ -33,6 +35,8 @@ from worker.llm.engine import (
 )
 from worker.llm.stops import StopScanner
 from worker.llm.threads import StepThreads
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -106,9 +110,47 @@ class LLMReplica:
         generation = _generation_config(files)
         self.sampling_defaults = sampling_defaults(generation)
         eos_ids = _eos_ids(config, self.tokenizer, generation)
-        self.engine = Engine(base, sizes, eos_token_ids=eos_ids, threads=threads)
-        self._switch_adapter(None)  # the gate starts on the base model: so does the model
-        self.gate = AdapterGate(self._switch_adapter)
+        self.routing = self._adapter_routing(options)
+        self.engine = Engine(
+            base, sizes, eos_token_ids=eos_ids, threads=threads, adapter_routing=self.routing
+        )
+        # Without routing, calls of one adapter at a time, the model switched between
+        self.gate: AdapterGate | None = None
+        if self.routing is None:
+            self._switch_adapter(None)  # the gate starts on the base model: so does the model
+            self.gate = AdapterGate(self._switch_adapter)
+
+    def _adapter_routing(self, options: LLMOptions) -> AdapterRouting | None:
+        """Each call's tokens routed through its own adapter, in one batch
+        (``worker.llm.adapters``), unless there are no adapters, ``mixed_adapters`` is
+        off, or an adapter is of a kind that cannot be mixed (then one at a time)."""
+        if not self.adapters or not options.mixed_adapters:
+            return None
+        refused = mixable(self.model)
+        if refused is not None:
+            log.warning("this replica runs one adapter at a time in its batch: %s", refused)
+            return None
+        routing = AdapterRouting(self.model.device)
+        route_lora_layers(self.model, routing)
+        return routing
+
+    def adapter_waiting(self) -> int:
+        """Calls waiting for their adapter's turn (none when adapters mix)."""
+        return 0 if self.gate is None else self.gate.waiting()
+
+    def _turn(self, adapter: str | None) -> AbstractContextManager[None]:
+        """While held, the call may run through ``adapter``: at once when adapters mix,
+        else once the gate gives it the model."""
+        if adapter is not None and adapter not in self.adapters:
+            raise LLMRequestError(
+                f"unknown adapter {adapter!r}; this function has {self.adapters or 'none'}"
+            )
+        return nullcontext() if self.gate is None else self.gate.hold(adapter)
+
+    def _routed(self, adapter: str | None) -> str | None:
+        """The adapter to name to the engine: the call's when adapters mix (the gate
+        switched the model itself otherwise)."""
+        return adapter if self.routing is not None else None
 
     # --- prompts -----------------------------------------------------------------
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
@@ -200,19 +242,19 @@ class LLMReplica:
         """The completion in text deltas, through ``adapter`` (None: the base model);
         the last has its finish reason. Closing it early cancels the request in the
         engine. Raises ``EngineError``, ``LLMRequestError`` for an unknown adapter."""
-        if adapter is not None and adapter not in self.adapters:
-            raise LLMRequestError(
-                f"unknown adapter {adapter!r}; this function has {self.adapters or 'none'}"
-            )
-        with self.gate.hold(adapter):
-            yield from self._stream(prompt_ids, sampling, stop)
+        with self._turn(adapter):
+            yield from self._stream(prompt_ids, sampling, stop, self._routed(adapter))
 
     def _stream(
-        self, prompt_ids: list[int], sampling: Sampling, stop: list[str] | None
+        self,
+        prompt_ids: list[int],
+        sampling: Sampling,
+        stop: list[str] | None,
+        adapter: str | None,
     ) -> Iterator[TextDelta]:
         detok = IncrementalDetokenizer(self.tokenizer, prompt_ids=prompt_ids)
         scan = StopScanner(stop or [])
-        steps = self.engine.generate(prompt_ids, sampling)
+        steps = self.engine.generate(prompt_ids, sampling, adapter)
         try:
             for step in steps:
                 text = scan.feed(detok.add(step.token_ids))
@@ -244,13 +286,11 @@ class LLMReplica:
         turn), the engine's router hands each delta to ``on_delta`` and then calls
         ``on_end`` once, with the error that ended the call or None. Leaving the block
         early cancels the request; nothing is handed over after it."""
-        if adapter is not None and adapter not in self.adapters:
-            raise LLMRequestError(
-                f"unknown adapter {adapter!r}; this function has {self.adapters or 'none'}"
-            )
-        with self.gate.hold(adapter):
+        with self._turn(adapter):
             text = PushedText(self, prompt_ids, stop, on_delta, on_end)
-            self.engine.push(prompt_ids, sampling, text.sink, text.request_id)
+            self.engine.push(
+                prompt_ids, sampling, text.sink, text.request_id, self._routed(adapter)
+            )
             try:
                 yield
             finally:

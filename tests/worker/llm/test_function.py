@@ -1,8 +1,9 @@
 """The LLM function entry (``worker.llm.function``) as the replica runs it: built with
 its ``[llm]`` options from a thaw Context (the example's tiny Llama, its tokenizer and
 chat template, a LoRA adapter), called with a ``CallContext``. Usage and token times
-land in the call; a stream closed or cancelled mid-way leaves the engine at once; a
-batch runs one adapter at a time."""
+land in the call; a stream closed or cancelled mid-way leaves the engine at once;
+calls of an adapter and of the base model share a batch (one adapter at a time with
+``mixed_adapters`` off)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -255,6 +257,52 @@ def test_an_adapter_changes_the_text_and_the_base_comes_back(function: LLMFuncti
 def test_bad_input_is_a_request_error(function: LLMFunction, bad: Any, says: str) -> None:
     with pytest.raises(LLMRequestError, match=says):
         function(bad, _call())
+
+
+def test_calls_of_an_adapter_and_of_the_base_share_a_batch_and_answer_as_alone(
+    function: LLMFunction,
+) -> None:
+    llm = function.llm
+    assert llm is not None and llm.gate is None and llm.routing is not None
+    requests = [{"prompt": p, "max_tokens": 20, "temperature": 0} for p in ("Hi", "Hello there")]
+    names = [None, "pirate"]
+    alone = {(i, a): function(requests[i], _call(adapter=a))["text"] for i in (0, 1) for a in names}
+    mixed_before = llm.routing.mixed_steps
+    start = threading.Barrier(4)
+
+    def one(i: int, adapter: str | None) -> str:
+        start.wait()
+        return str(function(requests[i], _call(adapter=adapter))["text"])
+
+    jobs = [(i, a) for i in (0, 1) for a in names]
+    with ThreadPoolExecutor(4) as pool:
+        together = dict(zip(jobs, pool.map(lambda job: one(*job), jobs), strict=True))
+    assert together == alone
+    assert alone[(1, None)] != alone[(1, "pirate")]
+    assert llm.routing.mixed_steps > mixed_before  # they ran in the same steps
+
+
+def test_with_mixed_adapters_off_the_gate_runs_them_one_at_a_time(tmp_path: Path) -> None:
+    model_dir = build_model(tmp_path / "model")
+    adapter_dir = build_adapter(model_dir, tmp_path / "pirate", seed=1)
+    adapter_config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    ctx = Context(
+        device="cpu",
+        weights=tensors_of(model_dir),
+        config=json.loads((model_dir / "config.json").read_text()),
+        files=model_dir,
+        adapters={"pirate": Adapter("pirate", tensors_of(adapter_dir), adapter_config)},
+    )
+    fn = LLMFunction(LLMOptions(max_num_seqs=4, kv_cache_mb=2, mixed_adapters=False))
+    fn.setup(ctx)
+    try:
+        assert fn.llm is not None and fn.llm.routing is None and fn.llm.gate is not None
+        request = {"prompt": "Hello, world!", "max_tokens": 24, "temperature": 0}
+        base = fn(request, _call())["text"]
+        assert fn(request, _call(adapter="pirate"))["text"] != base
+        assert fn(request, _call())["text"] == base
+    finally:
+        fn.close()
 
 
 def test_the_gate_runs_one_adapter_at_a_time_and_starves_none() -> None:
