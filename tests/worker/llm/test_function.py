@@ -40,21 +40,23 @@ def tensors_of(directory: Path, device: str = "cpu") -> LoadedTensors:
     return weights
 
 
-@pytest.fixture(scope="module")
-def function(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLMFunction]:
-    root = tmp_path_factory.mktemp("llm-function")
+def example_context(root: Path) -> Context:
+    """The example's tiny Llama built under ``root``, with its "pirate" adapter."""
     model_dir = build_model(root / "model")
     adapter_dir = build_adapter(model_dir, root / "pirate", seed=1)
     adapter_config = json.loads((adapter_dir / "adapter_config.json").read_text())
-    adapter = Adapter("pirate", tensors_of(adapter_dir), adapter_config)
-    config = json.loads((model_dir / "config.json").read_text())
-    ctx = Context(
+    return Context(
         device="cpu",
         weights=tensors_of(model_dir),
-        config=config,
+        config=json.loads((model_dir / "config.json").read_text()),
         files=model_dir,
-        adapters={"pirate": adapter},
+        adapters={"pirate": Adapter("pirate", tensors_of(adapter_dir), adapter_config)},
     )
+
+
+@pytest.fixture(scope="module")
+def function(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLMFunction]:
+    ctx = example_context(tmp_path_factory.mktemp("llm-function"))
     fn = LLMFunction(LLMOptions(max_num_seqs=4, kv_cache_mb=2, max_tokens_limit=64))
     fn.setup(ctx)
     yield fn
@@ -283,18 +285,8 @@ def test_calls_of_an_adapter_and_of_the_base_share_a_batch_and_answer_as_alone(
 
 
 def test_with_mixed_adapters_off_the_gate_runs_them_one_at_a_time(tmp_path: Path) -> None:
-    model_dir = build_model(tmp_path / "model")
-    adapter_dir = build_adapter(model_dir, tmp_path / "pirate", seed=1)
-    adapter_config = json.loads((adapter_dir / "adapter_config.json").read_text())
-    ctx = Context(
-        device="cpu",
-        weights=tensors_of(model_dir),
-        config=json.loads((model_dir / "config.json").read_text()),
-        files=model_dir,
-        adapters={"pirate": Adapter("pirate", tensors_of(adapter_dir), adapter_config)},
-    )
     fn = LLMFunction(LLMOptions(max_num_seqs=4, kv_cache_mb=2, mixed_adapters=False))
-    fn.setup(ctx)
+    fn.setup(example_context(tmp_path))
     try:
         assert fn.llm is not None and fn.llm.routing is None and fn.llm.gate is not None
         request = {"prompt": "Hello, world!", "max_tokens": 24, "temperature": 0}
