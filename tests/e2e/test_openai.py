@@ -22,7 +22,9 @@ import torch
 
 from control_plane.db.session import Database
 from control_plane.services import calls
-from examples.build_model import build_model
+from examples.build_model import build_adapter, build_model
+from snapshotter.push import push_directory
+from snapshotter.registry import Registry
 from snapshotter.stores import LocalStore
 from tests.e2e.conftest import E2EStore, running_stack
 from tests.e2e.llm_stack import (
@@ -44,8 +46,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("openai-e2e")
+def stack_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("openai-e2e")
+
+
+@pytest.fixture(scope="module")
+def stack(stack_dir: Path, model_dir: Path) -> Iterator[Stack]:
+    tmp = stack_dir
     bundle = push_llm(LocalStore(tmp / "store"), model_dir, tmp)
     store = E2EStore(root=tmp / "store", bundle=bundle, model="tiny-chat:v1")
     with running_stack("embedded", tmp, store) as s:
@@ -213,6 +220,41 @@ def test_an_adapter_by_function_colon_adapter(stack: Stack) -> None:
     pirate = client.completions.create(model=f"{FUNCTION}:pirate", **args).choices[0].text
     assert pirate != base  # the adapter's B matrices are far from zero
     assert client.completions.create(model=FUNCTION, **args).choices[0].text == base
+
+
+def generate_through(model_dir: Path, adapter_dir: Path, ids: list[int], n: int) -> str:
+    """What ``generate`` says greedily for ``ids`` through the adapter (PEFT), decoded."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    model = PeftModel.from_pretrained(base, adapter_dir).eval()
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.tensor([ids]), do_sample=False, max_new_tokens=n)
+    return str(tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True))
+
+
+def test_an_adapter_the_function_does_not_list_is_loaded_on_first_use(
+    stack: Stack, stack_dir: Path, model_dir: Path
+) -> None:
+    adapter_dir = build_adapter(model_dir, stack_dir / "poet", seed=2)
+    push_directory(adapter_dir, "tiny-poet:v1.2", Registry(LocalStore(stack_dir / "store")))
+    request = {"prompt": "Hello, world!", "max_tokens": 24, "temperature": 0}
+    want = generate_through(model_dir, adapter_dir, prompt_ids(model_dir, "Hello, world!"), 24)
+    with stack.client() as c:
+        texts = []
+        for _ in range(2):  # loaded by the first, held for the second
+            r = c.post(
+                f"/v1/functions/{FUNCTION}/invoke",
+                json={"input": request, "adapter": "tiny-poet:v1.2"},
+            )
+            assert r.status_code == 200, r.text
+            texts.append(r.json()["output"]["text"])
+        r = c.post(f"/v1/functions/{FUNCTION}/invoke", json={"input": request})
+        base = r.json()["output"]["text"]
+    assert texts == [want, want] and want != base
+    assert base == generate_text(model_dir, prompt_ids(model_dir, "Hello, world!"), 24)
 
 
 def test_stop_and_seed(stack: Stack) -> None:

@@ -61,16 +61,23 @@ from __future__ import annotations
 import logging
 import math
 import queue
+import secrets
 import threading
 import time
 import uuid
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
-from worker.llm.adapters import AdapterRouting, install_step_routing
+from worker.llm.adapters import (
+    AdapterRouting,
+    install_block_salts,
+    request_salt,
+    salted_request_id,
+)
 from worker.llm.threads import StepThreadRule, StepThreads, install_step_threads
 from worker.sdk import ReplicaLost
 
@@ -88,6 +95,7 @@ GRAPH_KV_SHAPES = 32  # at most this many key lengths for the whole cache
 GRAPH_CAPTURE_AT = 2  # a step shape's graph is captured when it comes this many times
 _RESTART_STOP_S = 10.0  # for a stopped loop's thread to end before a new one starts
 _RESTART_POLL_S = 0.01
+_IDLE_POLL_S = 0.002
 _PROBE_S = 120.0  # the start's probe request: the first captures take a few seconds
 
 log = logging.getLogger(__name__)
@@ -109,7 +117,8 @@ class EngineSizes:
     kv_cache_bytes: int = 64 << 20
     page_size_tokens: int = 64
     # Reuse the KV blocks of a prompt prefix already computed (transformers' block
-    # sharing; keyed by tokens alone, so off where adapters change what tokens hold).
+    # sharing), keyed by the tokens and the request's adapter load
+    # (``worker.llm.adapters.install_block_salts``).
     share_prefixes: bool = True
     # On a CUDA device, steps replay CUDA graphs (see the module docstring); off, or on
     # any other device, each step runs eagerly.
@@ -181,6 +190,37 @@ def install_unblock_when_idle(manager: Any) -> None:
 
             scheduler.schedule_batch = schedule_batch
             scheduler._thaw_unblocks = True
+        return processor
+
+    manager._create_batch_processor = created
+
+
+def install_step_guard(
+    manager: Any, lock: Any, before_step: Callable[[Sequence[Any]], None] | None
+) -> None:
+    """Run each step's forward of ``manager`` (the model runner's ``compute_batch`` of
+    each batch processor it makes, in its thread) holding ``lock``, so a change to the
+    model's layers (``Engine.model_change``) never lands inside one; first, with the
+    lock held, ``before_step`` is given the step's requests in the order their tokens
+    are packed (each has ``state.request_id`` and ``query_length``)."""
+    create = manager._create_batch_processor
+
+    def created() -> Any:
+        processor = create()
+        runner = processor.model_runner
+        if getattr(runner, "_thaw_guarded", False):  # a processor made again, reset
+            return processor
+        io = runner.inputs_and_outputs
+        compute = runner.compute_batch
+
+        def guarded(model: Any, batch_data: Any) -> None:
+            with lock:
+                if before_step is not None:
+                    before_step(io.requests_in_batch)
+                compute(model, batch_data)
+
+        runner.compute_batch = guarded
+        runner._thaw_guarded = True
         return processor
 
     manager._create_batch_processor = created
@@ -356,7 +396,6 @@ class _Stream:
     stop_ids: frozenset[int]
     seen: int = 0  # generated tokens already handed over
     sink: Sink | None = None  # pushed: steps go here, in the router thread
-    adapter: str | None = None  # the LoRA adapter its tokens go through (None: the base)
 
     def put(self, item: TokenStep | EngineError) -> None:
         if self.sink is not None:
@@ -390,7 +429,8 @@ class Engine:
         graphed steps too (a trial: not yet measured on a GPU). ``adapter_routing``: each
         request runs through the adapter it names, several in one step
         (``worker.llm.adapters``; the model's LoRA layers routed by it); None: the model
-        as it is, for every request."""
+        as it is, for every request (the adapter a request names, which ``add_adapter``
+        made known, then keys its prefix blocks only: its caller made it the model's)."""
         from transformers import GenerationConfig
         from transformers.generation import ContinuousBatchingConfig
 
@@ -438,8 +478,10 @@ class Engine:
             )
             install_seeded_draw(made)
             install_unblock_when_idle(made)
-            if adapter_routing is not None:
-                install_step_routing(made, adapter_routing, self._adapter_of)
+            route = None if adapter_routing is None else self._route_step
+            install_step_guard(made, self._step_lock, route)
+            if sizes.share_prefixes:
+                install_block_salts(made)
             if self.step_threads is not None:
                 install_step_threads(made, self.step_threads)
             if graphs:
@@ -456,7 +498,10 @@ class Engine:
         self._capture_at = capture_at
         self.cuda_graphs = sizes.cuda_graphs and can_graph(model)
         self._lock = threading.Lock()
-        self._streams: dict[str, _Stream] = {}  # the probe's steps read it: made first
+        self._streams: dict[str, _Stream] = {}  # the probe's steps read these: made first
+        self._step_lock = threading.Lock()  # held by each step's forward
+        self._salts: dict[str, int] = {}  # each adapter known, its load's salt
+        self._adapter_of_salt: dict[int, str] = {}
         self._begin()
         self.sequence_tokens = sequence_tokens(self._manager)
         self._closed = threading.Event()
@@ -525,8 +570,9 @@ class Engine:
         """The request's tokens as they are made, in steps; the last step has its
         finish reason. Closing the iterator early cancels the request and frees its
         sequence and KV blocks. ``adapter``: the LoRA adapter it runs through, with
-        ``adapter_routing`` (None: the base model). Raises ``EngineError``."""
-        request_id = uuid.uuid4().hex
+        ``adapter_routing`` (None: the base model; one ``add_adapter`` made known).
+        Raises ``EngineError``."""
+        request_id = self.new_request_id(adapter)
         stream = self._start(prompt_ids, sampling, request_id, None, adapter)
         finished = False
         try:
@@ -562,7 +608,8 @@ class Engine:
         """Start request ``request_id``, whose steps the router hands to ``sink`` (in its
         thread; the last step has its finish reason, or the sink gets an
         ``EngineError``); ``cancel(request_id)`` ends it early. The sink must be quick:
-        every stream waits for it. ``adapter`` as for ``generate``."""
+        every stream waits for it. ``adapter`` as for ``generate``; a request through
+        one has an id ``new_request_id(adapter)`` made."""
         self._start(prompt_ids, sampling, request_id, sink, adapter)
 
     def _start(
@@ -575,8 +622,11 @@ class Engine:
     ) -> _Stream:
         """Register the request's stream and add it to the manager; raises
         ``EngineError`` (nothing left registered) when it cannot be added."""
-        if adapter is not None and self.adapter_routing is None:
-            raise EngineError(f"adapter {adapter!r}: this engine routes no adapters")
+        if request_salt(request_id) != self._salt(adapter):
+            raise EngineError(
+                f"request {request_id!r} was not made for adapter {adapter!r}: "
+                "take its id from new_request_id"
+            )
         refused = prompt_error(prompt_ids, self.vocab_size)
         needed = len(prompt_ids) + sampling.max_new_tokens - 1
         if refused is None and self.sequence_tokens is not None and needed > self.sequence_tokens:
@@ -614,7 +664,7 @@ class Engine:
         router starts a new loop: the probe's reads by request id would put this
         request's outputs back in the queue out of order, and the restart ends every
         stream open before."""
-        stream = _Stream(queue.Queue(), sampling, stop_ids, sink=sink, adapter=adapter)
+        stream = _Stream(queue.Queue(), sampling, stop_ids, sink=sink)
         with self._restart_lock:
             with self._lock:
                 if self._closed.is_set():
@@ -648,12 +698,69 @@ class Engine:
                 return
             time.sleep(_RESTART_POLL_S)
 
-    def _adapter_of(self, request_id: str) -> str | None:
-        """The adapter of a live request (None: the base model, or not one of ours).
-        In the generation thread, before each step; a stream ends after its last step."""
+    # --- adapters --------------------------------------------------------------
+    def add_adapter(self, name: str) -> None:
+        """Make adapter ``name`` known (its layers are in the model, or the caller makes
+        it the model's before its requests run), with a salt of its own for this load:
+        prefix blocks made through an earlier load of the same name, which may have held
+        other weights, are never matched again."""
         with self._lock:
-            stream = self._streams.get(request_id)
-        return None if stream is None else stream.adapter
+            if name in self._salts:
+                raise ValueError(f"adapter {name!r} is known to this engine already")
+            salt = secrets.randbits(64)
+            self._salts[name] = salt
+            self._adapter_of_salt[salt] = name
+
+    def remove_adapter(self, name: str) -> None:
+        """Forget adapter ``name`` (its requests have ended; a cancelled one may still
+        take a last step, through the base model's layers, its output dropped)."""
+        with self._lock:
+            salt = self._salts.pop(name, None)
+            if salt is not None:
+                self._adapter_of_salt.pop(salt, None)
+
+    def new_request_id(self, adapter: str | None = None) -> str:
+        """An id for a request through ``adapter`` (None: the base model), carrying the
+        salt its prefix blocks are keyed by. Raises ``EngineError`` for an adapter
+        ``add_adapter`` did not make known."""
+        return salted_request_id(self._salt(adapter))
+
+    def _salt(self, adapter: str | None) -> int | None:
+        if adapter is None:
+            return None
+        salt = self._salts.get(adapter)
+        if salt is None:
+            raise EngineError(f"adapter {adapter!r} is not loaded in this engine")
+        return salt
+
+    def wait_idle(self, timeout_s: float = _RESTART_STOP_S) -> bool:
+        """Until the manager holds no request (a cancelled one leaves at its next step);
+        False if it still held one after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while self.active_requests():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(_IDLE_POLL_S)
+        return True
+
+    @contextmanager
+    def model_change(self) -> Iterator[None]:
+        """While held, no step's forward runs (one running ends first): the model's
+        layers may change, an adapter loaded into it or dropped."""
+        with self._step_lock:
+            yield
+
+    def _route_step(self, requests: Sequence[Any]) -> None:
+        """Before a step's forward, in the generation thread: whose adapter each of its
+        tokens goes through, from each request's id (an adapter removed since: the base
+        model's layers)."""
+        assert self.adapter_routing is not None
+        of_salt = self._adapter_of_salt
+        routes = []
+        for request in requests:
+            salt = request_salt(request.state.request_id)
+            routes.append((None if salt is None else of_salt.get(salt), request.query_length))
+        self.adapter_routing.set_step(routes)
 
     def cancel(self, request_id: str) -> None:
         """End a pushed request: its sink gets nothing more (but the step the router

@@ -25,6 +25,8 @@ A call naming an adapter runs through that LoRA adapter, in the same batch as ca
 naming others or none (``worker.llm.adapters``); with ``mixed_adapters`` off, or an
 adapter that cannot be mixed, the batch runs one adapter at a time (``AdapterGate``):
 calls for another adapter wait until the running ones end, then the model is switched.
+An adapter the function does not list, pushed to the store, is loaded on the first
+call that names it (``load_adapter``), as for any function.
 """
 
 from __future__ import annotations
@@ -95,6 +97,15 @@ class LLMFunction:
             timing.finish()  # a call cut short: what it made (nothing pushes after the block)
         if errors:
             raise errors[0]
+
+    def load_adapter(self, adapter: Any) -> None:
+        """A call named an adapter the function does not list: the worker fetched it
+        (``worker.adapters.AdapterCache``); it joins the model, beside the others."""
+        self._llm().load_adapter(adapter)
+
+    def unload_adapter(self, name: str) -> None:
+        """The worker's adapter cache let ``name`` go (no call of it runs)."""
+        self._llm().unload_adapter(name)
 
     def add_step_listener(self, listener: Any) -> None:
         """Call ``listener`` after each engine step's pushed chunks (``Engine``)."""

@@ -5,15 +5,22 @@ chat template from the model's files, and one continuous-batching ``Engine``.
 text comes back in deltas (never a cut UTF-8 character, never a stop string), each
 with how many tokens it holds and when the engine made them, so time to first token
 and time per output token are measured here, where tokens are made.
+
+LoRA adapters: those the function lists are added before the engine starts; one a
+call names that the function does not list is fetched by the worker and added here
+on first use (``load_adapter``, between two steps), beside the others, and dropped
+when the worker's adapter cache lets it go (``unload_adapter``). Inside the model
+each has a name of thaw's own (a call's ``NAME:TAG`` may hold ``.``, which PEFT's
+layer names cannot).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import threading
-import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -85,7 +92,10 @@ class LLMReplica:
             model = model.to(getattr(torch, options.dtype))  # one cast, at start
         for adapter in adapters or []:
             model = adapter.add_to(model)
-        self.adapters = sorted(a.name for a in adapters or [])
+        # Each adapter a call may name, by that name, and its name in the model.
+        self._model_names = {a.name: a.name for a in adapters or []}
+        self.adapters = sorted(self._model_names)
+        self._loads = 0  # adapters loaded on first use, ever: each gets a name of its own
         self.model = model.eval()
         self.tokenizer: Any = AutoTokenizer.from_pretrained(files)
         self.context_length = options.context_length or int(config.max_position_embeddings)
@@ -95,9 +105,6 @@ class LLMReplica:
             max_num_seqs=options.max_num_seqs,
             max_batch_tokens=options.max_batch_tokens,
             kv_cache_bytes=options.kv_cache_mb << 20,
-            # Cached prefix blocks are keyed by tokens alone: with adapters, the same
-            # tokens hold other keys and values per adapter, so none are shared.
-            share_prefixes=not self.adapters,
             # A captured graph runs the adapter layers it was captured with.
             cuda_graphs=options.cuda_graphs and not self.adapters,
         )
@@ -114,6 +121,8 @@ class LLMReplica:
         self.engine = Engine(
             base, sizes, eos_token_ids=eos_ids, threads=threads, adapter_routing=self.routing
         )
+        for name in self._model_names.values():
+            self.engine.add_adapter(name)
         # Without routing, calls of one adapter at a time, the model switched between
         self.gate: AdapterGate | None = None
         if self.routing is None:
@@ -122,35 +131,102 @@ class LLMReplica:
 
     def _adapter_routing(self, options: LLMOptions) -> AdapterRouting | None:
         """Each call's tokens routed through its own adapter, in one batch
-        (``worker.llm.adapters``), unless there are no adapters, ``mixed_adapters`` is
-        off, or an adapter is of a kind that cannot be mixed (then one at a time)."""
-        if not self.adapters or not options.mixed_adapters:
+        (``worker.llm.adapters``), unless ``mixed_adapters`` is off or a listed adapter
+        is of a kind that cannot be mixed (then one at a time). With no adapters listed
+        the steps are routed all the same, for those loaded on first use."""
+        if not options.mixed_adapters:
             return None
-        refused = mixable(self.model)
+        refused = mixable(self.model) if self.adapters else None
         if refused is not None:
             log.warning("this replica runs one adapter at a time in its batch: %s", refused)
             return None
         routing = AdapterRouting(self.model.device)
-        route_lora_layers(self.model, routing)
+        if self.adapters:
+            route_lora_layers(self.model, routing)
         return routing
 
     def adapter_waiting(self) -> int:
         """Calls waiting for their adapter's turn (none when adapters mix)."""
         return 0 if self.gate is None else self.gate.waiting()
 
-    def _turn(self, adapter: str | None) -> AbstractContextManager[None]:
-        """While held, the call may run through ``adapter``: at once when adapters mix,
-        else once the gate gives it the model."""
-        if adapter is not None and adapter not in self.adapters:
+    def _model_name(self, adapter: str | None) -> str | None:
+        """The name in the model of the adapter a call names (None: the base model);
+        raises ``LLMRequestError`` for one not loaded."""
+        if adapter is None:
+            return None
+        name = self._model_names.get(adapter)
+        if name is None:
             raise LLMRequestError(
                 f"unknown adapter {adapter!r}; this function has {self.adapters or 'none'}"
             )
-        return nullcontext() if self.gate is None else self.gate.hold(adapter)
+        return name
 
-    def _routed(self, adapter: str | None) -> str | None:
-        """The adapter to name to the engine: the call's when adapters mix (the gate
-        switched the model itself otherwise)."""
-        return adapter if self.routing is not None else None
+    def _turn(self, name: str | None) -> AbstractContextManager[None]:
+        """While held, the call may run through adapter ``name`` (its name in the model):
+        at once when adapters mix, else once the gate gives it the model."""
+        return nullcontext() if self.gate is None else self.gate.hold(name)
+
+    # --- adapters loaded on first use (``worker.adapters.AdapterCache``) ------------
+    def load_adapter(self, adapter: Any) -> None:
+        """Add ``adapter`` (a ``worker.sdk.Adapter`` the worker fetched for a call that
+        named it) to the model, between two steps, beside the adapters loaded; raises
+        ``LLMRequestError`` saying why when it cannot be, and then nothing is added."""
+        if self.engine.cuda_graphs:
+            raise LLMRequestError(
+                f"adapter {adapter.name!r} cannot be loaded on first use: this function's "
+                "steps replay CUDA graphs, which keep the layers they were captured with; "
+                "list it under [[adapters]] in thaw.toml (then steps run eagerly) or set "
+                "[llm] cuda_graphs = false"
+            )
+        self._loads += 1
+        name = f"loaded_{self._loads}"
+        with self.engine.model_change():
+            try:
+                model = dataclasses.replace(adapter, name=name).add_to(self.model)
+            except Exception as exc:
+                self._drop_from_model(name)
+                raise LLMRequestError(
+                    f"adapter {adapter.name!r} does not fit this model: {exc}"
+                ) from None
+            refused = mixable(model) if self.routing is not None else None
+            self.model = model
+            if refused is not None:
+                self._drop_from_model(name)
+                raise LLMRequestError(
+                    f"adapter {adapter.name!r} cannot run in one batch beside other "
+                    f"adapters: {refused}; list it under [[adapters]] in thaw.toml (the "
+                    "function then runs one adapter at a time)"
+                )
+            self._model_names[adapter.name] = name
+            self.adapters = sorted(self._model_names)
+            if self.routing is not None:
+                route_lora_layers(model, self.routing)
+            elif self.gate is not None:  # the new adapter's layers as the gate has the rest
+                self._set_active(self.gate.active)
+        self.engine.add_adapter(name)
+
+    def unload_adapter(self, adapter: str) -> None:
+        """Drop ``adapter`` (as a call names it) from the model, between two steps; none
+        of its calls runs (``AdapterCache`` unloads no adapter in use)."""
+        name = self._model_names.pop(adapter, None)
+        if name is None:
+            return
+        self.adapters = sorted(self._model_names)
+        self.engine.remove_adapter(name)
+        with self.engine.model_change():
+            self._drop_from_model(name)
+            if self.gate is not None:
+                self.gate.forget(name)
+
+    def _drop_from_model(self, name: str) -> None:
+        """Delete adapter ``name`` from the model, if it is there."""
+        model = self.model
+        if name not in (getattr(model, "peft_config", None) or {}):
+            return
+        others = [n for n in model.peft_config if n != name]
+        if others and name in model.active_adapters:
+            model.set_adapter(others[0])  # PEFT warns when the active adapter is deleted
+        model.delete_adapter(name)
 
     # --- prompts -----------------------------------------------------------------
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
@@ -242,8 +318,9 @@ class LLMReplica:
         """The completion in text deltas, through ``adapter`` (None: the base model);
         the last has its finish reason. Closing it early cancels the request in the
         engine. Raises ``EngineError``, ``LLMRequestError`` for an unknown adapter."""
-        with self._turn(adapter):
-            yield from self._stream(prompt_ids, sampling, stop, self._routed(adapter))
+        name = self._model_name(adapter)
+        with self._turn(name):
+            yield from self._stream(prompt_ids, sampling, stop, name)
 
     def _stream(
         self,
@@ -286,11 +363,11 @@ class LLMReplica:
         turn), the engine's router hands each delta to ``on_delta`` and then calls
         ``on_end`` once, with the error that ended the call or None. Leaving the block
         early cancels the request; nothing is handed over after it."""
-        with self._turn(adapter):
-            text = PushedText(self, prompt_ids, stop, on_delta, on_end)
-            self.engine.push(
-                prompt_ids, sampling, text.sink, text.request_id, self._routed(adapter)
-            )
+        name = self._model_name(adapter)
+        with self._turn(name):
+            request_id = self.engine.new_request_id(name)
+            text = PushedText(self, request_id, prompt_ids, stop, on_delta, on_end)
+            self.engine.push(prompt_ids, sampling, text.sink, request_id, name)
             try:
                 yield
             finally:
@@ -298,9 +375,17 @@ class LLMReplica:
 
     def _switch_adapter(self, name: str | None) -> None:
         """Make ``name`` the model's active adapter (None: the base model alone);
-        called by the gate while no request runs."""
+        called by the gate while no call runs. A cancelled request may still be in the
+        engine for a step: its keys and values would be another adapter's under its own
+        prefix key, so the switch waits for it to leave."""
         if not self.adapters:
             return
+        if not self.engine.wait_idle():
+            log.warning("requests of the last adapter are still in the engine; switching")
+        with self.engine.model_change():
+            self._set_active(name)
+
+    def _set_active(self, name: str | None) -> None:
         lora = self.model.base_model  # peft's LoraModel: its layers are in the model
         if name is None:
             lora.disable_adapter_layers()
@@ -321,12 +406,13 @@ class PushedText:
     def __init__(
         self,
         replica: LLMReplica,
+        request_id: str,
         prompt_ids: list[int],
         stop: list[str] | None,
         on_delta: Callable[[TextDelta], None],
         on_end: Callable[[BaseException | None], None],
     ) -> None:
-        self.request_id = uuid.uuid4().hex
+        self.request_id = request_id
         self._engine = replica.engine
         self._detok = IncrementalDetokenizer(replica.tokenizer, prompt_ids=prompt_ids)
         self._scan = StopScanner(stop or [])
@@ -376,6 +462,7 @@ class PushedText:
 
 
 _WAKE_S = 0.1
+_FORGOTTEN = object()  # the gate's adapter was dropped from the model: none is active
 
 
 class AdapterGate:
@@ -387,7 +474,7 @@ class AdapterGate:
     def __init__(self, switch: Callable[[str | None], None]) -> None:
         self._switch = switch
         self._cond = threading.Condition()
-        self._active: str | None = None
+        self._active: Any = None  # an adapter's name, None (the base model) or _FORGOTTEN
         self._running = 0
         self._waiting: deque[tuple[object, str | None]] = deque()
 
@@ -417,6 +504,18 @@ class AdapterGate:
         """Calls waiting for their adapter's turn."""
         with self._cond:
             return len(self._waiting)
+
+    @property
+    def active(self) -> str | None:
+        """The adapter the model runs now (None: the base model)."""
+        return None if self._active is _FORGOTTEN else self._active
+
+    def forget(self, adapter: str) -> None:
+        """``adapter`` is no longer in the model: a call of the next adapter switches,
+        whichever it is. No call of it is running."""
+        with self._cond:
+            if self._active == adapter:
+                self._active = _FORGOTTEN
 
     def _may_enter(self, ticket: object, adapter: str | None) -> bool:
         if self._running == 0:

@@ -14,7 +14,13 @@ import pytest
 import torch
 
 from tests.worker.llm.test_engine import EOS, VOCAB, generate_alone, tiny_llama
-from worker.llm.adapters import AdapterRouting, mixable, route_lora_layers
+from worker.llm.adapters import (
+    AdapterRouting,
+    mixable,
+    request_salt,
+    route_lora_layers,
+    salted_request_id,
+)
 from worker.llm.engine import Engine, EngineError, EngineSizes, Sampling
 
 # Each adapter targets other layers: a layer an adapter does not touch adds nothing.
@@ -60,6 +66,8 @@ def mixed() -> Iterator[tuple[Engine, AdapterRouting, Any]]:
     engine = Engine(
         peft_model.get_base_model(), sizes, eos_token_ids=[EOS], adapter_routing=routing
     )
+    for name in TARGETS:
+        engine.add_adapter(name)
     yield engine, routing, reference
     engine.close()
 
@@ -113,12 +121,15 @@ def test_one_adapter_alone_in_the_batch_and_then_the_base(
         assert tokens == alone(reference, name, prompt, 12)
 
 
-def test_an_engine_without_routing_refuses_an_adapter() -> None:
+def test_an_engine_refuses_an_adapter_it_was_not_given() -> None:
     sizes = EngineSizes(max_num_seqs=2, max_batch_tokens=64, kv_cache_bytes=1 << 20)
     engine = Engine(tiny_llama(), sizes, eos_token_ids=[EOS])
     try:
-        with pytest.raises(EngineError, match="routes no adapters"):
+        with pytest.raises(EngineError, match="adapter 'pirate' is not loaded"):
             next(engine.generate([5, 6], Sampling(max_new_tokens=2), "pirate"))
+        engine.add_adapter("pirate")
+        with pytest.raises(EngineError, match="was not made for adapter 'pirate'"):
+            engine.push([5, 6], Sampling(max_new_tokens=2), lambda _: None, "r1", "pirate")
     finally:
         engine.close()
 
@@ -169,3 +180,37 @@ def test_adapters_that_cannot_be_mixed_are_named(
 ) -> None:
     refused = mixable(with_adapters(tiny_llama(), targets, **extra))
     assert refused is not None and says in refused
+
+
+def _hashed_blocks(engine: Engine) -> int:
+    """KV blocks the engine's cache keeps hashed for prefix reuse."""
+    cache = engine._manager.batch_processor.cache
+    return sum(len(a.ledger.hash_to_block) for a in cache.cache_allocators.values())
+
+
+def test_prefix_blocks_are_reused_by_requests_of_the_same_adapter_only(
+    mixed: tuple[Engine, AdapterRouting, Any],
+) -> None:
+    engine, _, reference = mixed
+    prompt = torch.randint(3, VOCAB, (150,), generator=torch.Generator().manual_seed(11)).tolist()
+    blocks = (len(prompt) - 1) // engine.sizes.page_size_tokens  # a match leaves one to prefill
+    assert blocks == 2
+    seen = []
+    for name in ("pirate", "poet", None, "pirate", "poet"):
+        before = _hashed_blocks(engine)
+        tokens = [
+            t
+            for s in engine.generate(prompt, Sampling(max_new_tokens=6), name)
+            for t in s.token_ids
+        ]
+        assert tokens == alone(reference, name, prompt, 6), name
+        seen.append(_hashed_blocks(engine) - before)
+    # The same tokens through another adapter are other blocks; again, the same ones.
+    assert seen == [blocks, blocks, blocks, 0, 0]
+
+
+def test_a_request_id_carries_its_adapters_salt() -> None:
+    assert request_salt(salted_request_id(2**64 - 1)) == 2**64 - 1
+    assert request_salt(salted_request_id(None)) is None
+    assert request_salt("thaw-probe-" + "a" * 32) is None and request_salt("r1@zz") is None
+    assert salted_request_id(5) != salted_request_id(5)
