@@ -1,9 +1,11 @@
 """An OpenAI request as a thaw call, and the call's end as OpenAI's answer.
 
 ``model`` names an LLM function (``function`` or ``function:adapter``) the key may
-invoke. The call's input is what ``worker.llm.function`` takes; what it yields (text
-deltas, the last with its finish reason and usage) becomes the response, or the
-chunks of a stream (``ChatStream``, ``CompletionStream``).
+invoke; the adapter is one the function lists, or one pushed to the store
+(``function:NAME:TAG``), which the replica loads on first use. The call's input is
+what ``worker.llm.function`` takes; what it yields (text deltas, the last with its
+finish reason and usage) becomes the response, or the chunks of a stream
+(``ChatStream``, ``CompletionStream``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Function
-from control_plane.errors import ForbiddenError
+from control_plane.errors import BadRequestError, ForbiddenError
 from control_plane.openai.errors import OpenAIError, invalid, model_not_found
 from control_plane.openai.protocol import (
     AssistantMessage,
@@ -37,11 +39,12 @@ from control_plane.openai.protocol import (
     ModelList,
     Usage,
 )
-from control_plane.services import functions
+from control_plane.services import catalog, functions
 from control_plane.services.calls import CallView
 from control_plane.services.functions import ActiveVersion
 from control_plane.services.keys import Principal
 from control_plane.spec import FunctionSpec
+from snapshotter.registry import Registry
 
 #: Errors the LLM function raises for a request it cannot serve: 400, not 500.
 REQUEST_ERRORS = ("LLMRequestError", "PromptTooLongError")
@@ -100,13 +103,20 @@ class UnknownModel(Exception):
     once its message lists what the key may call (``not_found``)."""
 
 
-def target_of(model: str, fn: ActiveVersion) -> Target:
+def target_of(model: str, fn: ActiveVersion, registry: Registry | None = None) -> Target:
     """``model`` (``function`` or ``function:adapter``) on ``fn``, the version a call of
     the function is accepted on. Raises ``UnknownModel``: not an LLM function, or an
-    adapter it does not list."""
+    adapter it neither lists nor could load from ``registry`` (the store)."""
     _, _, adapter = model.partition(":")
-    if fn.spec.llm is None or (adapter and adapter not in {a.name for a in fn.spec.adapters}):
+    if fn.spec.llm is None:
         raise UnknownModel(model)
+    if adapter and adapter not in {a.name for a in fn.spec.adapters}:
+        if registry is None or fn.loads_adapters is False:
+            raise UnknownModel(model)
+        try:
+            catalog.resolve_adapter(registry, adapter)
+        except BadRequestError:
+            raise UnknownModel(model) from None
     return Target(fn.name, adapter or None, fn.spec)
 
 

@@ -50,8 +50,9 @@ def model_not_found(model: str, known: list[str]) -> OpenAIError:
     listed = ", ".join(known) or "none deployed"
     return OpenAIError(
         404,
-        f"The model {model!r} does not exist: it names no LLM function (or function:adapter) "
-        f"this key may call ({listed}); see GET /openai/v1/models",
+        f"The model {model!r} does not exist: it names no LLM function (or function:adapter, "
+        f"an adapter it lists or one pushed to the store) this key may call ({listed}); see "
+        "GET /openai/v1/models",
         "model",
         "model_not_found",
     )

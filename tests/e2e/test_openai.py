@@ -255,6 +255,14 @@ def test_an_adapter_the_function_does_not_list_is_loaded_on_first_use(
         base = r.json()["output"]["text"]
     assert texts == [want, want] and want != base
     assert base == generate_text(model_dir, prompt_ids(model_dir, "Hello, world!"), 24)
+    # The OpenAI routes name it as function:NAME:TAG; one the store lacks is a 404.
+    client = sdk(stack)
+    args: dict[str, Any] = {"prompt": "Hello, world!", "max_tokens": 24, "temperature": 0}
+    through = client.completions.create(model=f"{FUNCTION}:tiny-poet:v1.2", **args)
+    assert through.choices[0].text == want
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.completions.create(model=f"{FUNCTION}:tiny-poet:v9", **args)
+    assert "pushed to the store" in unknown.value.message
 
 
 def test_stop_and_seed(stack: Stack) -> None:

@@ -85,7 +85,7 @@ class LLMReplica:
         stored = _weights_dtype(ctx.weights) or torch.float32
         with ctx.empty_weights():
             model = AutoModelForCausalLM.from_config(
-                config, torch_dtype=stored, attn_implementation=_attention_for(config)
+                config, dtype=stored, attn_implementation=_attention_for(config)
             )
         ctx.fill_module(model)
         if options.dtype != "auto" and getattr(torch, options.dtype) != stored:
@@ -616,7 +616,7 @@ def _sampling_error(values: dict[str, float]) -> str | None:
         return f"temperature = {temperature!r} (a number >= 0)"
     if not 0 < top_p <= 1:
         return f"top_p = {top_p!r} (in (0, 1])"
-    if top_k != int(top_k) or top_k < 0:
+    if not math.isfinite(top_k) or top_k != int(top_k) or top_k < 0:
         return f"top_k = {top_k!r} (an integer >= 0)"
     return None
 

@@ -187,7 +187,7 @@ def _accept(
     limiter.learn(name)  # read here (when not fresh), not in the accepting transaction
 
     def call(fn: ActiveVersion) -> CallRequest:
-        target = calls.target_of(parsed.model, fn)
+        target = calls.target_of(parsed.model, fn, inv.s.registry)
         if not charge_if_known(limiter, who, name):
             limiter.check(who.key_id, who.rate, name)
         return CallRequest(calls.call_input(parsed, target), target.adapter, parsed.stream)

@@ -18,7 +18,7 @@ from control_plane.protocol import LLMOptions
 from examples.build_model import build_model
 from snapshotter.loader import LoadedTensors
 from worker.llm.engine import Sampling
-from worker.llm.serve import LLMReplica, LLMRequestError, PromptTooLongError
+from worker.llm.serve import LLMReplica, LLMRequestError, PromptTooLongError, sampling_defaults
 from worker.sdk import Context
 
 TEMPLATE = (
@@ -176,3 +176,10 @@ def test_prompt_past_the_context_is_refused(replica: LLMReplica) -> None:
         replica.max_new_tokens([1] * 10, 250)
     with pytest.raises(PromptTooLongError, match="this model's context is 256"):
         replica.max_new_tokens([1] * 256, None)
+
+
+@pytest.mark.parametrize("top_k", [float("inf"), float("nan"), 2.5, -1])
+def test_a_top_k_in_generation_config_no_call_could_sample_with_is_named(top_k: float) -> None:
+    # json.loads takes Infinity and NaN: int() of them raised an error that named nothing.
+    with pytest.raises(ValueError, match=r"generation_config.json has top_k = .* \(an integer"):
+        sampling_defaults({"top_k": top_k})
