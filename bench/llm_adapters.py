@@ -86,7 +86,11 @@ def zipf_mix(names: list[str], n: int, s: float, seed: int) -> list[str]:
 
 @contextmanager
 def replica(
-    model_dir: Path, adapter_dirs: list[Path], sizes: dict[str, int], mixed: bool
+    model_dir: Path,
+    adapter_dirs: list[Path],
+    sizes: dict[str, int],
+    mixed: bool,
+    prefix_caching: bool = True,
 ) -> Iterator[Any]:
     """An LLM replica on ``model_dir`` with the adapters, as a worker would start it."""
     from safetensors.torch import load_file
@@ -119,6 +123,7 @@ def replica(
         max_batch_tokens=sizes["max_batch_tokens"],
         kv_cache_mb=sizes["kv_cache_mb"],
         mixed_adapters=mixed,
+        prefix_caching=prefix_caching,
     )
     llm = LLMReplica(ctx, options, adapters=list(adapters.values()))
     try:

@@ -158,6 +158,10 @@ class LLMOptions(BaseModel):
     # token through its own call's adapter (worker.llm.adapters); off: one adapter at a
     # time, calls for another waiting until the running ones end.
     mixed_adapters: bool = True
+    # v1.13: a prompt's KV blocks already in the cache (the same prefix, through the same
+    # adapter load) are reused, not computed again (transformers' block sharing, keyed by
+    # adapter: worker.llm.adapters.install_block_salts); off: every prompt is prefilled.
+    prefix_caching: bool = True
 
 
 #: The most inter-token gaps one call reports (a longer completion reports its first).

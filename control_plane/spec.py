@@ -65,6 +65,7 @@ model's files) on a continuous-batching engine, behind the OpenAI routes
     wide_step_ms_per_token = 3.0   # CPU: a step this slow per token takes every core
     cuda_graphs = true             # GPU: steps replay CUDA graphs (off with adapters)
     mixed_adapters = true          # calls of different adapters share a batch
+    prefix_caching = true          # a prompt prefix already in the KV cache is reused
 """
 
 from __future__ import annotations

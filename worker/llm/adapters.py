@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
@@ -159,15 +159,16 @@ _SALT_MARK = "@"  # never in a uuid's hex, nor in the engine's probe id
 _block_salt = threading.local()  # the salt of the request whose blocks are hashed now
 
 
-def install_block_salts(manager: Any) -> None:
+def install_block_salts(manager: Any, on_search: Callable[[int, int], None] | None = None) -> None:
     """Key the KV blocks ``manager``'s cache keeps for prefix reuse by the request's
     adapter load too, not by tokens alone: the same tokens through another adapter
     (or the base model) hold other keys and values, so a prefix is shared only by
     requests of the same load of the same adapter. transformers hashes a block from
     its parent's hash and its tokens; a chain's first block, which has no parent, takes
     the request's salt (``request_salt``) as its parent. A base-model request has none
-    and hashes as transformers does. Wraps the cache of each batch processor
-    ``manager`` makes, in its thread."""
+    and hashes as transformers does. ``on_search(prompt_tokens, matched_tokens)`` is
+    told of each prompt looked up. Wraps the cache of each batch processor ``manager``
+    makes, in its thread."""
     _salt_first_blocks()
     create = manager._create_batch_processor
 
@@ -179,7 +180,10 @@ def install_block_salts(manager: Any) -> None:
 
             def search_prefix_match(request_id: str, prompt_ids: list[int]) -> int:
                 with _salted(request_salt(request_id)):
-                    return int(search(request_id, prompt_ids))
+                    matched = int(search(request_id, prompt_ids))
+                if on_search is not None:
+                    on_search(len(prompt_ids), matched)
+                return matched
 
             def mark_complete_blocks(state: Any, complete_blocks: dict[str, int]) -> None:
                 with _salted(request_salt(state.request_id)):

@@ -481,7 +481,7 @@ class Engine:
             route = None if adapter_routing is None else self._route_step
             install_step_guard(made, self._step_lock, route)
             if sizes.share_prefixes:
-                install_block_salts(made)
+                install_block_salts(made, self._prefix_searched)
             if self.step_threads is not None:
                 install_step_threads(made, self.step_threads)
             if graphs:
@@ -501,6 +501,8 @@ class Engine:
         self._streams: dict[str, _Stream] = {}  # the probe's steps read these: made first
         self._step_lock = threading.Lock()  # held by each step's forward
         self._salts: dict[str, int] = {}  # each adapter known, its load's salt
+        self.prefix_queried_tokens = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_hit_tokens = 0  # of them, found there: not computed again
         self._adapter_of_salt: dict[int, str] = {}
         self._begin()
         self.sequence_tokens = sequence_tokens(self._manager)
@@ -749,6 +751,10 @@ class Engine:
         layers may change, an adapter loaded into it or dropped."""
         with self._step_lock:
             yield
+
+    def _prefix_searched(self, prompt_tokens: int, matched: int) -> None:
+        self.prefix_queried_tokens += prompt_tokens  # the generation thread only
+        self.prefix_hit_tokens += matched
 
     def _route_step(self, requests: Sequence[Any]) -> None:
         """Before a step's forward, in the generation thread: whose adapter each of its

@@ -105,6 +105,7 @@ class LLMReplica:
             max_num_seqs=options.max_num_seqs,
             max_batch_tokens=options.max_batch_tokens,
             kv_cache_bytes=options.kv_cache_mb << 20,
+            share_prefixes=options.prefix_caching,
             # A captured graph runs the adapter layers it was captured with.
             cuda_graphs=options.cuda_graphs and not self.adapters,
         )
