@@ -109,6 +109,16 @@ class LLMMetrics:
             "CUDA graphs an LLM replica's engine captured for step shapes that came again, "
             "since its start (each stalls its batch for about two forwards)",
         )
+        self.prefix_cache_queries = replica_gauge(
+            "thaw_llm_prefix_cache_queries",
+            "Prompt tokens an LLM replica's engine looked up in its prefix cache since it "
+            "started (vLLM's prefix_cache_queries)",
+        )
+        self.prefix_cache_hits = replica_gauge(
+            "thaw_llm_prefix_cache_hits",
+            "Of the prompt tokens an LLM replica's engine looked up in its prefix cache, "
+            "those found there and not computed again, since it started",
+        )
         self.cuda_graph_eager_steps = replica_gauge(
             "thaw_llm_cuda_graph_eager_steps",
             "Steps an LLM replica's engine on CUDA graphs ran eagerly, on the first coming "

@@ -274,6 +274,11 @@ class EngineStats(BaseModel):
     # for step shapes that came again, and steps run eagerly on their shape's first coming.
     graph_captures: Count = 0
     graph_eager_steps: Count = 0
+    # v1.13, optional: since it started, prompt tokens looked up in the prefix cache, and
+    # of them those found there (not computed again), as vLLM's prefix_cache_queries
+    # and prefix_cache_hits count them.
+    prefix_cache_queries: Count = 0
+    prefix_cache_hits: Count = 0
 
 
 class ReplicaReport(BaseModel):

@@ -75,6 +75,8 @@ def refresh_engine_gauges(session: Session, m: LLMMetrics) -> None:
     aborted: dict[tuple[str, ...], float] = {}
     captures: dict[tuple[str, ...], float] = {}
     eager: dict[tuple[str, ...], float] = {}
+    queries: dict[tuple[str, ...], float] = {}
+    hits: dict[tuple[str, ...], float] = {}
     for w in session.scalars(select(Worker).where(Worker.lost.is_(False))):
         for replica_id, stats in inventory.decode(w.inventory_json).engines:
             function = live.get(replica_id)
@@ -85,6 +87,7 @@ def refresh_engine_gauges(session: Session, m: LLMMetrics) -> None:
             kv[labels], peak[labels] = stats.kv_cache_usage, stats.peak_running
             aborted[labels] = stats.aborted
             captures[labels], eager[labels] = stats.graph_captures, stats.graph_eager_steps
+            queries[labels], hits[labels] = stats.prefix_cache_queries, stats.prefix_cache_hits
     set_series(m.num_requests_running, running)
     set_series(m.num_requests_waiting, waiting)
     set_series(m.kv_cache_usage_perc, kv)
@@ -92,3 +95,5 @@ def refresh_engine_gauges(session: Session, m: LLMMetrics) -> None:
     set_series(m.num_requests_aborted, aborted)
     set_series(m.cuda_graph_captures, captures)
     set_series(m.cuda_graph_eager_steps, eager)
+    set_series(m.prefix_cache_queries, queries)
+    set_series(m.prefix_cache_hits, hits)

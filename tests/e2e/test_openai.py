@@ -439,6 +439,33 @@ def test_the_replicas_engine_reports_its_graph_counts_none_off_a_gpu(stack: Stac
     assert set(exported().values()) == {0.0}
 
 
+def test_a_prompt_sent_again_is_found_in_the_prefix_cache_and_metrics_say_so(
+    stack: Stack,
+) -> None:
+    """The second call of a prompt takes its first KV blocks from the cache; the
+    replica's prefix-cache figures reach /metrics from its worker's heartbeat."""
+
+    def total(name: str) -> float:
+        prefix = name + "{"
+        return sum(v for k, v in llm_metrics(stack).items() if k.startswith(prefix))
+
+    hits_before = total("thaw_llm_prefix_cache_hits")
+    prompt = "Our runbook says: check the pool, then the RAM tier, then the store. " * 2
+    client = sdk(stack)
+    texts = [
+        client.completions.create(model=FUNCTION, prompt=prompt, max_tokens=8, temperature=0)
+        .choices[0]
+        .text
+        for _ in range(2)
+    ]
+    assert texts[0] == texts[1]
+    deadline = time.monotonic() + 20
+    while total("thaw_llm_prefix_cache_hits") - hits_before < 64:  # one block at least
+        assert time.monotonic() < deadline, llm_metrics(stack)
+        time.sleep(0.1)
+    assert total("thaw_llm_prefix_cache_queries") >= total("thaw_llm_prefix_cache_hits")
+
+
 def test_a_call_lands_in_the_token_level_metrics_and_its_record(stack: Stack) -> None:
     before = llm_metrics(stack)
     reply = sdk(stack).completions.create(

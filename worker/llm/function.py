@@ -160,6 +160,8 @@ class LLMFunction:
             aborted=llm.engine.aborted,
             graph_captures=0 if gate is None else gate.captures,
             graph_eager_steps=0 if gate is None else gate.eager_steps,
+            prefix_cache_queries=llm.engine.prefix_queried_tokens,
+            prefix_cache_hits=llm.engine.prefix_hit_tokens,
         )
 
     def close(self) -> None:
