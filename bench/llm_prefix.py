@@ -10,7 +10,7 @@ the same model and the same adapters, mixed in one batch, side by side in this p
 
     reused            ``prefix_caching = true`` (the default): a prompt's KV blocks
                       already in the cache, made through the same adapter load, are
-                      taken as they are (``worker.llm.adapters.install_block_salts``)
+                      taken as they are (``worker.llm.prefix``)
     prefilled         ``prefix_caching = false``: every prompt is computed whole
 
 Each adapter stands for a tenant with a system prompt of its own, ``--system-tokens``

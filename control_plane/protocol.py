@@ -160,7 +160,7 @@ class LLMOptions(BaseModel):
     mixed_adapters: bool = True
     # v1.13: a prompt's KV blocks already in the cache (the same prefix, through the same
     # adapter load) are reused, not computed again (transformers' block sharing, keyed by
-    # adapter: worker.llm.adapters.install_block_salts); off: every prompt is prefilled.
+    # adapter: worker.llm.prefix); off: every prompt is prefilled.
     prefix_caching: bool = True
 
 

@@ -18,18 +18,15 @@ of its own) runs one adapter at a time instead (``worker.llm.serve.AdapterGate``
 Only the engine's generation thread runs forwards, so the step's routing is plain
 attributes, set before the forward and read by every layer of it.
 
-A request's id carries its adapter load's salt (``salted_request_id``), and the KV
-blocks kept for prefix reuse are hashed with it (``install_block_salts``): a prompt's
-blocks computed through one adapter are reused by that adapter's requests only, and
-the base model's by the base model's.
+A request's id carries its adapter load's salt, and the KV blocks kept for prefix
+reuse are keyed by it (``worker.llm.prefix``): a prompt's blocks computed through one
+adapter are reused by that adapter's requests only, and the base model's by the base
+model's.
 """
 
 from __future__ import annotations
 
-import threading
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -133,92 +130,3 @@ def _delta(layer: Any, name: str, x: torch.Tensor) -> torch.Tensor:
     lora_a = layer.lora_A[name]
     x = x.to(lora_a.weight.dtype)
     return layer.lora_B[name](lora_a(layer.lora_dropout[name](x))) * layer.scaling[name]
-
-
-def salted_request_id(salt: int | None) -> str:
-    """A new request id that carries ``salt`` (None: a base-model request's, no salt),
-    for ``install_block_salts`` to read wherever the request's blocks are hashed: the
-    request's adapter can be dropped while the scheduler still holds it (a cancelled
-    request's last step), and its id still says which load made its keys and values."""
-    request_id = uuid.uuid4().hex
-    return request_id if salt is None else f"{request_id}{_SALT_MARK}{salt:016x}"
-
-
-def request_salt(request_id: str) -> int | None:
-    """The salt ``salted_request_id`` put in ``request_id`` (None: none)."""
-    _, mark, salt = request_id.rpartition(_SALT_MARK)
-    if not mark:
-        return None
-    try:
-        return int(salt, 16)
-    except ValueError:
-        return None
-
-
-_SALT_MARK = "@"  # never in a uuid's hex, nor in the engine's probe id
-_block_salt = threading.local()  # the salt of the request whose blocks are hashed now
-
-
-def install_block_salts(manager: Any, on_search: Callable[[int, int], None] | None = None) -> None:
-    """Key the KV blocks ``manager``'s cache keeps for prefix reuse by the request's
-    adapter load too, not by tokens alone: the same tokens through another adapter
-    (or the base model) hold other keys and values, so a prefix is shared only by
-    requests of the same load of the same adapter. transformers hashes a block from
-    its parent's hash and its tokens; a chain's first block, which has no parent, takes
-    the request's salt (``request_salt``) as its parent. A base-model request has none
-    and hashes as transformers does. ``on_search(prompt_tokens, matched_tokens)`` is
-    told of each prompt looked up. Wraps the cache of each batch processor ``manager``
-    makes, in its thread."""
-    _salt_first_blocks()
-    create = manager._create_batch_processor
-
-    def created() -> Any:
-        processor = create()
-        cache = processor.cache
-        if not getattr(cache, "_thaw_salted", False):
-            search, mark = cache.search_prefix_match, cache.mark_complete_blocks
-
-            def search_prefix_match(request_id: str, prompt_ids: list[int]) -> int:
-                with _salted(request_salt(request_id)):
-                    matched = int(search(request_id, prompt_ids))
-                if on_search is not None:
-                    on_search(len(prompt_ids), matched)
-                return matched
-
-            def mark_complete_blocks(state: Any, complete_blocks: dict[str, int]) -> None:
-                with _salted(request_salt(state.request_id)):
-                    mark(state, complete_blocks)
-
-            cache.search_prefix_match = search_prefix_match
-            cache.mark_complete_blocks = mark_complete_blocks
-            cache._thaw_salted = True
-        return processor
-
-    manager._create_batch_processor = created
-
-
-@contextmanager
-def _salted(salt: int | None) -> Iterator[None]:
-    _block_salt.value = salt
-    try:
-        yield
-    finally:
-        _block_salt.value = None
-
-
-def _salt_first_blocks() -> None:
-    """transformers' block hash, with a chain's missing parent read as this thread's
-    salt (None outside ``_salted``: the hash unchanged). Once per process."""
-    from transformers.generation.continuous_batching.cache_allocators import cache_allocator
-
-    compute = cache_allocator.compute_block_hash
-    if getattr(compute, "_thaw_salted", False):
-        return
-
-    def compute_block_hash(parent_hash: int | None, tokens: list[int]) -> int:
-        if parent_hash is None:
-            parent_hash = getattr(_block_salt, "value", None)
-        return int(compute(parent_hash, tokens))
-
-    compute_block_hash._thaw_salted = True  # type: ignore[attr-defined]
-    cache_allocator.compute_block_hash = compute_block_hash

@@ -72,12 +72,8 @@ from typing import Any, Literal
 
 import torch
 
-from worker.llm.adapters import (
-    AdapterRouting,
-    install_block_salts,
-    request_salt,
-    salted_request_id,
-)
+from worker.llm.adapters import AdapterRouting
+from worker.llm.prefix import install_prefix_cache, request_salt, salted_request_id
 from worker.llm.threads import StepThreadRule, StepThreads, install_step_threads
 from worker.sdk import ReplicaLost
 
@@ -118,7 +114,7 @@ class EngineSizes:
     page_size_tokens: int = 64
     # Reuse the KV blocks of a prompt prefix already computed (transformers' block
     # sharing), keyed by the tokens and the request's adapter load
-    # (``worker.llm.adapters.install_block_salts``).
+    # (``worker.llm.prefix``).
     share_prefixes: bool = True
     # On a CUDA device, steps replay CUDA graphs (see the module docstring); off, or on
     # any other device, each step runs eagerly.
@@ -481,7 +477,7 @@ class Engine:
             route = None if adapter_routing is None else self._route_step
             install_step_guard(made, self._step_lock, route)
             if sizes.share_prefixes:
-                install_block_salts(made, self._prefix_searched)
+                install_prefix_cache(made, self._prefix_searched)
             if self.step_threads is not None:
                 install_step_threads(made, self.step_threads)
             if graphs:

@@ -14,13 +14,7 @@ import pytest
 import torch
 
 from tests.worker.llm.test_engine import EOS, VOCAB, generate_alone, tiny_llama
-from worker.llm.adapters import (
-    AdapterRouting,
-    mixable,
-    request_salt,
-    route_lora_layers,
-    salted_request_id,
-)
+from worker.llm.adapters import AdapterRouting, mixable, route_lora_layers
 from worker.llm.engine import Engine, EngineError, EngineSizes, Sampling
 
 # Each adapter targets other layers: a layer an adapter does not touch adds nothing.
@@ -207,10 +201,3 @@ def test_prefix_blocks_are_reused_by_requests_of_the_same_adapter_only(
         seen.append(_hashed_blocks(engine) - before)
     # The same tokens through another adapter are other blocks; again, the same ones.
     assert seen == [blocks, blocks, blocks, 0, 0]
-
-
-def test_a_request_id_carries_its_adapters_salt() -> None:
-    assert request_salt(salted_request_id(2**64 - 1)) == 2**64 - 1
-    assert request_salt(salted_request_id(None)) is None
-    assert request_salt("thaw-probe-" + "a" * 32) is None and request_salt("r1@zz") is None
-    assert salted_request_id(5) != salted_request_id(5)
