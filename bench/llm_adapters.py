@@ -144,17 +144,24 @@ def one(llm: Any, ids: list[int], adapter: str, sampling: Any, t0: float) -> bas
 
 
 def level(llm: Any, ids: list[list[int]], mix: list[str], max_tokens: int) -> base.Level:
-    """The mix's requests at once, a thread each."""
+    """The mix's requests at once, a thread each: request ``i`` is prompt
+    ``i % len(ids)`` through adapter ``mix[i]``."""
+    return at_once(llm, [(ids[i % len(ids)], name) for i, name in enumerate(mix)], max_tokens)
+
+
+def at_once(llm: Any, requests: list[tuple[list[int], str]], max_tokens: int) -> base.Level:
+    """Each (prompt, adapter) of ``requests`` at once, a thread each, seed ``i``,
+    temperature 1."""
     from worker.llm.engine import Sampling
 
-    out: list[base.StreamTiming | None] = [None] * len(mix)
+    out: list[base.StreamTiming | None] = [None] * len(requests)
     t0 = time.perf_counter()
 
     def run(i: int) -> None:
         sampling = Sampling(max_new_tokens=max_tokens, temperature=1.0, seed=i)
-        out[i] = one(llm, ids[i % len(ids)], mix[i], sampling, t0)
+        out[i] = one(llm, *requests[i], sampling, t0)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(mix))]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
     for t in threads:
         t.start()
     for t in threads:

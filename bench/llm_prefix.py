@@ -31,8 +31,6 @@ import argparse
 import math
 import statistics
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +42,7 @@ from rich.console import Console
 from bench import _llm_baselines as base
 from bench._common import Column, TableSpec, machine_description, render_table, write_json
 from bench.llm import level_row, model_dir_of, sizes_of
-from bench.llm_adapters import build_adapters, replica
+from bench.llm_adapters import at_once, build_adapters, replica
 
 REUSED = "reused"
 PREFILLED = "prefilled"
@@ -85,22 +83,8 @@ def level(
 ) -> base.Level:
     """``streams`` requests at once, a thread each: request ``i`` is prompt
     ``i % len(prompts)`` through adapter ``i % len(names)``."""
-    from bench.llm_adapters import one
-    from worker.llm.engine import Sampling
-
-    out: list[base.StreamTiming | None] = [None] * streams
-    t0 = time.perf_counter()
-
-    def run(i: int) -> None:
-        sampling = Sampling(max_new_tokens=max_tokens, temperature=1.0, seed=i)
-        out[i] = one(llm, prompts[i % len(prompts)], names[i % len(names)], sampling, t0)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(streams)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return [t for t in out if t is not None]
+    requests = [(prompts[i % len(prompts)], names[i % len(names)]) for i in range(streams)]
+    return at_once(llm, requests, max_tokens)
 
 
 def greedy(llm: Any, prompt: list[int], name: str) -> str:
