@@ -110,6 +110,8 @@ class LLMReplica:
             cuda_graphs=options.cuda_graphs and not self.adapters,
         )
         base = model.get_base_model() if self.adapters else model
+        self._base = base  # the model the engine runs: PEFT's layers go into it in place
+        self._active: str | None = None  # with the gate: the adapter the model runs now
         threads = None
         if cpu_cores is not None:
             narrow = torch.get_num_threads()
@@ -202,8 +204,8 @@ class LLMReplica:
             self.adapters = sorted(self._model_names)
             if self.routing is not None:
                 route_lora_layers(model, self.routing)
-            elif self.gate is not None:  # the new adapter's layers as the gate has the rest
-                self._set_active(self.gate.active)
+            elif self.gate is not None:  # the new adapter's layers as the rest are
+                self._set_active(self._active)
         self.engine.add_adapter(name)
 
     def unload_adapter(self, adapter: str) -> None:
@@ -218,16 +220,32 @@ class LLMReplica:
             self._drop_from_model(name)
             if self.gate is not None:
                 self.gate.forget(name)
+                if self._active == name:  # the model ran it last: now the base model
+                    self._set_active(None)
 
     def _drop_from_model(self, name: str) -> None:
-        """Delete adapter ``name`` from the model, if it is there."""
+        """Delete adapter ``name`` from the model, wherever it got to: a load that failed
+        part way may have put its layers into the model before PEFT's wrapper was made
+        (a first adapter's tensors of the wrong shape)."""
+        from peft import PeftModel
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
         model = self.model
-        if name not in (getattr(model, "peft_config", None) or {}):
+        if isinstance(model, PeftModel):
+            if name in model.peft_config:
+                others = [n for n in model.peft_config if n != name]
+                if others and name in model.active_adapters:
+                    model.set_adapter(others[0])  # PEFT warns when the active one is deleted
+                model.delete_adapter(name)
             return
-        others = [n for n in model.peft_config if n != name]
-        if others and name in model.active_adapters:
-            model.set_adapter(others[0])  # PEFT warns when the active adapter is deleted
-        model.delete_adapter(name)
+        for module in self._base.modules():
+            if isinstance(module, BaseTunerLayer) and name in getattr(module, "lora_A", {}):
+                module.delete_adapter(name)
+        configs = getattr(self._base, "peft_config", None)  # PEFT's tuner put it there
+        if isinstance(configs, dict):
+            configs.pop(name, None)
+            if not configs:
+                del self._base.peft_config
 
     # --- prompts -----------------------------------------------------------------
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
@@ -387,6 +405,8 @@ class LLMReplica:
             self._set_active(name)
 
     def _set_active(self, name: str | None) -> None:
+        """With the step lock held (``Engine.model_change``)."""
+        self._active = name
         lora = self.model.base_model  # peft's LoraModel: its layers are in the model
         if name is None:
             lora.disable_adapter_layers()
@@ -505,11 +525,6 @@ class AdapterGate:
         """Calls waiting for their adapter's turn."""
         with self._cond:
             return len(self._waiting)
-
-    @property
-    def active(self) -> str | None:
-        """The adapter the model runs now (None: the base model)."""
-        return None if self._active is _FORGOTTEN else self._active
 
     def forget(self, adapter: str) -> None:
         """``adapter`` is no longer in the model: a call of the next adapter switches,

@@ -156,6 +156,23 @@ def test_an_adapter_that_cannot_be_loaded_says_why_and_leaves_nothing(
         fn.close()
 
 
+def test_a_first_adapter_of_the_wrong_shape_leaves_the_base_model_as_it_was(
+    ctx: Context, listed: dict[str | None, str]
+) -> None:
+    fn = start(ctx)
+    try:
+        pirate = ctx.adapters["pirate"]
+        halved = {**pirate.config, "r": pirate.config["r"] // 2}  # its tensors are r 8
+        with pytest.raises(LLMRequestError, match="'halved:v1' does not fit this model"):
+            fn.load_adapter(Adapter("halved:v1", pirate.tensors, halved))
+        # PEFT had put the adapter's layers into the model before the tensors failed.
+        assert text(fn, None) == listed[None]
+        fn.load_adapter(pushed(ctx))
+        assert text(fn, PUSHED) == listed["pirate"] and text(fn, None) == listed[None]
+    finally:
+        fn.close()
+
+
 def test_steps_on_cuda_graphs_refuse_a_load(ctx: Context) -> None:
     fn = start(ctx)
     try:
