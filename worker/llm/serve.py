@@ -170,6 +170,8 @@ class LLMReplica:
         return nullcontext() if self.gate is None else self.gate.hold(name)
 
     # --- adapters loaded on first use (``worker.adapters.AdapterCache``) ------------
+    # Locks, always taken in this order: the adapter cache's (a load or an unload), the
+    # gate's (a switch), the engine's step lock (``Engine.model_change``).
     def load_adapter(self, adapter: Any) -> None:
         """Add ``adapter`` (a ``worker.sdk.Adapter`` the worker fetched for a call that
         named it) to the model, between two steps, beside the adapters loaded; raises
@@ -216,12 +218,12 @@ class LLMReplica:
             return
         self.adapters = sorted(self._model_names)
         self.engine.remove_adapter(name)
+        if self.gate is not None:  # before the step lock: a switch holds the gate for it
+            self.gate.forget(name)
         with self.engine.model_change():
             self._drop_from_model(name)
-            if self.gate is not None:
-                self.gate.forget(name)
-                if self._active == name:  # the model ran it last: now the base model
-                    self._set_active(None)
+            if self.gate is not None and self._active == name:  # the model ran it last
+                self._set_active(None)
 
     def _drop_from_model(self, name: str) -> None:
         """Delete adapter ``name`` from the model, wherever it got to: a load that failed

@@ -7,6 +7,8 @@ or when it cannot be loaded."""
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -112,6 +114,38 @@ def test_with_mixed_adapters_off_a_loaded_adapter_takes_its_turn(
         assert text(fn, None) == listed[None]
         fn.load_adapter(pushed(ctx))
         assert text(fn, PUSHED) == listed["pirate"]
+    finally:
+        fn.close()
+
+
+def test_with_the_gate_an_adapter_dropped_during_a_switch_waits_for_it(
+    ctx: Context, listed: dict[str | None, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fn = start(ctx, OPTIONS.model_copy(update={"mixed_adapters": False}))
+    try:
+        assert fn.llm is not None
+        fn.load_adapter(pushed(ctx))
+        fn.load_adapter(pushed(ctx, "pirate"))
+        switching = threading.Event()
+        wait_idle = fn.llm.engine.wait_idle
+
+        def slow_wait_idle(timeout_s: float = 10.0) -> bool:
+            switching.set()  # the gate is held for the switch from here on
+            time.sleep(0.5)
+            return wait_idle(timeout_s)
+
+        monkeypatch.setattr(fn.llm.engine, "wait_idle", slow_wait_idle)
+        answers: list[str] = []
+        call = threading.Thread(target=lambda: answers.append(text(fn, "pirate")))
+        call.start()
+        assert switching.wait(10)
+        dropped = threading.Thread(target=fn.unload_adapter, args=(PUSHED,))
+        dropped.start()
+        dropped.join(10)
+        call.join(10)
+        assert not dropped.is_alive() and not call.is_alive(), "the switch and the drop deadlocked"
+        assert answers == [listed["pirate"]]
+        assert text(fn, None) == listed[None]
     finally:
         fn.close()
 
