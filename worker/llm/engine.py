@@ -758,6 +758,9 @@ class Engine:
         model's layers)."""
         assert self.adapter_routing is not None
         of_salt = self._adapter_of_salt
+        if not of_salt:  # no adapter loaded: every token is the base model's
+            self.adapter_routing.set_step(())
+            return
         routes = []
         for request in requests:
             salt = request_salt(request.state.request_id)
