@@ -146,6 +146,10 @@ def call_input(
         "temperature": request.temperature,
         "top_p": request.top_p,
         "top_k": request.top_k,
+        "min_p": request.min_p,
+        "repetition_penalty": request.repetition_penalty,
+        "frequency_penalty": request.frequency_penalty,
+        "presence_penalty": request.presence_penalty,
         "seed": request.seed,
         "stop": request.stop_strings(),
     }

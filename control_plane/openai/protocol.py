@@ -64,8 +64,12 @@ class _Generation(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     user: str | None = None  # an end-user id for the caller's own records: kept out of it
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    # OpenAI's range; applied to the output's tokens (worker.llm.penalties)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2, allow_inf_nan=False)
+    # vLLM's extensions (None: the model's generation_config.json, else off)
+    repetition_penalty: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    min_p: float | None = Field(default=None, ge=0, le=1)
     logit_bias: dict[str, float] | None = None
     logprobs: Any = None
     top_logprobs: int | None = None
@@ -95,9 +99,6 @@ class _Generation(BaseModel):
             return invalid(f"each stop sequence is at most {MAX_STOP_CHARS} characters", "stop")
         if self.stream_options is not None and not self.stream:
             return invalid("stream_options is only allowed with stream: true", "stream_options")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                return invalid(f"{name} is not supported (send 0 or leave it out)", name)
         for name in ("logit_bias", "logprobs", "top_logprobs"):
             if getattr(self, name) not in (None, False, {}):
                 return invalid(f"{name} is not supported (leave it out)", name)

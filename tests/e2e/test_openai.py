@@ -64,14 +64,16 @@ def sdk(stack: Stack) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{stack.url}/openai/v1", api_key=stack.admin_key, max_retries=0)
 
 
-def generate_text(model_dir: Path, ids: list[int], max_new_tokens: int) -> str:
+def generate_text(model_dir: Path, ids: list[int], max_new_tokens: int, **options: Any) -> str:
     """What ``generate`` says greedily for ``ids``, decoded."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens)
+        out = model.generate(
+            torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens, **options
+        )
     return str(tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True))
 
 
@@ -145,6 +147,40 @@ def test_chat_equals_generate_on_the_chat_template(stack: Stack, model_dir: Path
     assert call["timings_ms"]["ttft"] > 0
     if reply.usage.completion_tokens > 1:
         assert call["timings_ms"]["tpot"] > 0
+
+
+def test_a_repetition_penalty_equals_generates_and_penalties_reach_the_replica(
+    stack: Stack, model_dir: Path
+) -> None:
+    client = sdk(stack)
+    ids = prompt_ids(model_dir, "one two one two one two")
+    penalised = client.completions.create(
+        model=FUNCTION,
+        prompt=ids,
+        max_tokens=24,
+        temperature=0,
+        extra_body={"repetition_penalty": 1.8, "ignore_eos": True},
+    )
+    want = generate_text(model_dir, ids, 24, repetition_penalty=1.8, min_new_tokens=24)
+    assert penalised.choices[0].text == want
+    assert want != generate_text(model_dir, ids, 24, min_new_tokens=24)
+    # OpenAI's own, through the SDK: a strong frequency penalty changes the answer
+    plain, frequent = (
+        client.completions.create(
+            model=FUNCTION,
+            prompt=ids,
+            max_tokens=24,
+            temperature=0,
+            frequency_penalty=penalty,
+            extra_body={"ignore_eos": True},
+        )
+        .choices[0]
+        .text
+        for penalty in (0.0, 2.0)
+    )
+    assert frequent != plain
+    with pytest.raises(openai.BadRequestError, match="min_p"):
+        client.completions.create(model=FUNCTION, prompt="x", extra_body={"min_p": 2})
 
 
 def test_a_stream_joined_equals_the_same_call_unstreamed(stack: Stack) -> None:

@@ -53,7 +53,9 @@ each request sets its own values. Greedy is top-k 1: the one token left is drawn
 with certainty, so greedy output equals ``model.generate`` without sampling. A request
 with a ``seed`` draws its tokens from its own stream (``seeded.SeededDraw``, last of
 the warpers), so it is reproducible whatever shares the batch; the others draw from
-the manager's one global RNG.
+the manager's one global RNG. Penalties (repetition, frequency, presence) and ``min_p``
+are per request too (``penalties``): a greedy request with a repetition penalty
+equals ``model.generate``'s greedy with it.
 """
 
 from __future__ import annotations
@@ -303,6 +305,11 @@ class Sampling:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None  # the same seed, prompt and values give the same tokens
     ignore_eos: bool = False  # run to max_new_tokens past the model's end of text (load tests)
+    # worker.llm.penalties: 1.0 and 0.0 are off
+    repetition_penalty: float = 1.0  # > 0; on the prompt's and the output's tokens
+    frequency_penalty: float = 0.0  # in [-2, 2], times each output token's count
+    presence_penalty: float = 0.0  # in [-2, 2], once for each token in the output
+    min_p: float = 0.0  # in [0, 1]
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -317,8 +324,20 @@ class Sampling:
             isinstance(self.seed, int) and 0 <= self.seed < SEED_LIMIT
         ):
             raise ValueError(f"seed must be an integer in [0, 2**63), not {self.seed!r}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError(
+                f"repetition_penalty must be a number > 0 (1: off), not {self.repetition_penalty!r}"
+            )
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and -2 <= value <= 2):
+                raise ValueError(f"{name} must be a number in [-2, 2] (0: off), not {value!r}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1] (0: off), not {self.min_p!r}")
 
     def processor_kwargs(self, vocab_size: int) -> dict[str, Any]:
+        """What ``add_request`` passes the logits processors; a penalty or ``min_p``
+        that is off is left out (a step with none set skips its processor)."""
         warpers: dict[str, Any]
         if self.temperature == 0:
             warpers = {"top_k": 1, "temperature": 1.0, "top_p": 1.0}
@@ -328,7 +347,15 @@ class Sampling:
                 "temperature": max(float(self.temperature), MIN_TEMPERATURE),
                 "top_p": self.top_p,
             }
-        return warpers if self.seed is None else {**warpers, "seed": self.seed}
+        if self.seed is not None:
+            warpers["seed"] = self.seed
+        for name, off in _OFF.items():
+            if getattr(self, name) != off:
+                warpers[name] = float(getattr(self, name))
+        return warpers
+
+
+_OFF = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "min_p": 0.0}
 
 
 def prompt_error(prompt_ids: list[int], vocab_size: int) -> str | None:
@@ -431,6 +458,7 @@ class Engine:
         from transformers.generation import ContinuousBatchingConfig
 
         from worker.llm.attention import use_step_masks
+        from worker.llm.penalties import install_penalties
         from worker.llm.seeded import install_seeded_draw
 
         self.sizes = sizes
@@ -472,7 +500,8 @@ class Engine:
             made = model.init_continuous_batching(
                 generation_config=generation, continuous_batching_config=batching
             )
-            install_seeded_draw(made)
+            install_penalties(made, self.vocab_size, model.device)
+            install_seeded_draw(made)  # last, after MinP
             install_unblock_when_idle(made)
             route = None if adapter_routing is None else self._route_step
             install_step_guard(made, self._step_lock, route)

@@ -7,9 +7,10 @@ A call's input is what the OpenAI routes make of a request
     {"messages": [{"role": "user", "content": "Hi"}]}   or   {"prompt": "Once"}
     + "max_tokens" (None: all the context leaves), "temperature", "top_p",
       "top_k" (each left out or None: the model's generation_config.json, else
-      OpenAI's: ``serve.sampling_defaults``), "seed", "stop" (a list of
-      strings), "ignore_eos" (true: run to max_tokens past the model's end of
-      text, as load generators ask)
+      OpenAI's: ``serve.sampling_defaults``), "repetition_penalty" and "min_p"
+      (the same), "frequency_penalty" and "presence_penalty" (0: off), "seed",
+      "stop" (a list of strings), "ignore_eos" (true: run to max_tokens past the
+      model's end of text, as load generators ask). Any other key is refused.
 
 A streaming call yields ``{"text": delta, "tokens": n}`` as tokens are made, the
 first also with ``"prompt_tokens"``, the last with ``"finish_reason"`` and
@@ -126,7 +127,7 @@ class LLMFunction:
         else:
             prompt = llm.text_prompt(request["prompt"])
         max_new_tokens = llm.max_new_tokens(prompt, request["max_tokens"])
-        asked = {name: request[name] for name in ("temperature", "top_p", "top_k")}
+        asked = {name: request[name] for name in llm.sampling_defaults}
         values = {n: llm.sampling_defaults[n] if v is None else v for n, v in asked.items()}
         try:
             sampling = Sampling(
@@ -134,6 +135,10 @@ class LLMFunction:
                 temperature=values["temperature"],
                 top_p=values["top_p"],
                 top_k=int(values["top_k"]),
+                repetition_penalty=values["repetition_penalty"],
+                min_p=values["min_p"],
+                frequency_penalty=request["frequency_penalty"] or 0.0,
+                presence_penalty=request["presence_penalty"] or 0.0,
                 seed=request["seed"],
                 ignore_eos=request["ignore_eos"],
             )
@@ -246,6 +251,12 @@ def _request(input: Any) -> dict[str, Any]:
     the plain invoke route may not)."""
     if not isinstance(input, dict):
         raise LLMRequestError("an LLM call's input is an object with messages or prompt")
+    unknown = sorted(set(input) - _INPUT_KEYS)
+    if unknown:
+        raise LLMRequestError(
+            f"an LLM call's input has no {', '.join(map(repr, unknown))}: it takes "
+            + ", ".join(sorted(_INPUT_KEYS))
+        )
     has_messages, has_prompt = "messages" in input, "prompt" in input
     if has_messages == has_prompt:
         raise LLMRequestError('an LLM call\'s input has either "messages" or "prompt"')
@@ -264,8 +275,8 @@ def _request(input: Any) -> dict[str, Any]:
     if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
         raise LLMRequestError('"max_tokens" is a positive integer')
     out["max_tokens"] = max_tokens
-    out["temperature"] = _number(input, "temperature")
-    out["top_p"] = _number(input, "top_p")
+    for name in _NUMBERS:
+        out[name] = _number(input, name)
     top_k = input.get("top_k")
     if top_k is not None and not (_is_int(top_k) and top_k >= -1):
         raise LLMRequestError('"top_k" is an integer: the k most likely tokens (0 or -1: all)')
@@ -289,6 +300,18 @@ def _request(input: Any) -> dict[str, Any]:
         raise LLMRequestError('"ignore_eos" is true or false')
     out["ignore_eos"] = ignore_eos
     return out
+
+
+#: The sampling values a call passes as numbers (None: the model's or OpenAI's default).
+_NUMBERS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+)
+_INPUT_KEYS = {"messages", "prompt", "max_tokens", "top_k", "seed", "stop", "ignore_eos", *_NUMBERS}
 
 
 def _messages(messages: Any) -> list[dict[str, str]]:

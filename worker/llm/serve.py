@@ -605,13 +605,20 @@ def _eos_ids(config: Any, tokenizer: Any, generation: dict[str, Any]) -> list[in
 
 
 #: The sampling a call leaves out, when the model's generation_config.json names none.
-OPENAI_SAMPLING: dict[str, float] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+OPENAI_SAMPLING: dict[str, float] = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "repetition_penalty": 1.0,
+    "min_p": 0.0,
+}
 
 
 def sampling_defaults(generation: dict[str, Any]) -> dict[str, float]:
-    """What a call that leaves out ``temperature``, ``top_p`` or ``top_k`` samples with:
-    the values the model's authors put in its ``generation_config.json`` (Llama 3
-    Instruct: temperature 0.6, top_p 0.9; Qwen2.5 Instruct: 0.7, 0.8, top_k 20), else
+    """What a call that leaves out ``temperature``, ``top_p``, ``top_k``,
+    ``repetition_penalty`` or ``min_p`` samples with: the values the model's authors
+    put in its ``generation_config.json`` (Llama 3 Instruct: temperature 0.6, top_p
+    0.9; Qwen2.5 Instruct: 0.7, 0.8, top_k 20, repetition_penalty 1.05), else
     OpenAI's. vLLM (``--generation-config auto``) and SGLang do the same; like them,
     ``do_sample`` is not read: a request asks for greedy with ``temperature: 0``.
     Raises ``ValueError`` naming a value no call could sample with."""
@@ -636,6 +643,11 @@ def _sampling_error(values: dict[str, float]) -> str | None:
         return f"top_p = {top_p!r} (in (0, 1])"
     if not math.isfinite(top_k) or top_k != int(top_k) or top_k < 0:
         return f"top_k = {top_k!r} (an integer >= 0)"
+    repetition, min_p = values["repetition_penalty"], values["min_p"]
+    if not (math.isfinite(repetition) and repetition > 0):
+        return f"repetition_penalty = {repetition!r} (a number > 0)"
+    if not 0 <= min_p <= 1:
+        return f"min_p = {min_p!r} (in [0, 1])"
     return None
 
 
