@@ -534,3 +534,12 @@ def test_the_stats_of_an_engine_that_cannot_run_again_end_the_replica(
     monkeypatch.setattr(function.llm.engine, "dead", "RuntimeError: the device is gone")
     with pytest.raises(EngineDeadError, match="the device is gone"):
         function.engine_stats()
+
+
+def test_an_input_key_the_function_does_not_take_is_refused_by_name() -> None:
+    from worker.llm.function import _request
+    from worker.llm.serve import LLMRequestError
+
+    with pytest.raises(LLMRequestError, match=r"has no 'temprature': it takes .*temperature"):
+        _request({"prompt": "x", "temprature": 0.5})
+    assert _request({"prompt": "x", "frequency_penalty": 1})["frequency_penalty"] == 1.0

@@ -183,3 +183,12 @@ def test_a_top_k_in_generation_config_no_call_could_sample_with_is_named(top_k: 
     # json.loads takes Infinity and NaN: int() of them raised an error that named nothing.
     with pytest.raises(ValueError, match=r"generation_config.json has top_k = .* \(an integer"):
         sampling_defaults({"top_k": top_k})
+
+
+def test_the_models_repetition_penalty_and_min_p_are_its_calls_defaults() -> None:
+    defaults = sampling_defaults({"repetition_penalty": 1.05, "min_p": None, "temperature": 0.7})
+    assert defaults["repetition_penalty"] == 1.05 and defaults["min_p"] == 0.0
+    with pytest.raises(ValueError, match=r"repetition_penalty = 0 \(a number > 0\)"):
+        sampling_defaults({"repetition_penalty": 0})
+    with pytest.raises(ValueError, match=r"min_p = 1.5 \(in \[0, 1\]\)"):
+        sampling_defaults({"min_p": 1.5})
