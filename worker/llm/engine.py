@@ -55,7 +55,9 @@ with a ``seed`` draws its tokens from its own stream (``seeded.SeededDraw``, las
 the warpers), so it is reproducible whatever shares the batch; the others draw from
 the manager's one global RNG. Penalties (repetition, frequency, presence) and ``min_p``
 are per request too (``penalties``): a greedy request with a repetition penalty
-equals ``model.generate``'s greedy with it.
+equals ``model.generate``'s greedy with it. A request may ask for the log
+probability of each token it makes and of the most likely alternatives (``logprobs``):
+they come with its tokens, taken from the raw logits of its rows only.
 """
 
 from __future__ import annotations
@@ -69,12 +71,13 @@ import time
 import uuid
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 
 from worker.llm.adapters import AdapterRouting
+from worker.llm.logprobs import MAX_TOP_LOGPROBS, StepLogprobs, TokenLogprob
 from worker.llm.prefix import install_prefix_cache, request_salt, salted_request_id
 from worker.llm.threads import StepThreadRule, StepThreads, install_step_threads
 from worker.sdk import ReplicaLost
@@ -194,13 +197,18 @@ def install_unblock_when_idle(manager: Any) -> None:
 
 
 def install_step_guard(
-    manager: Any, lock: Any, before_step: Callable[[Sequence[Any]], None] | None
+    manager: Any,
+    lock: Any,
+    before_step: Callable[[Sequence[Any]], None] | None,
+    after_step: Callable[[torch.Tensor], None] | None = None,
 ) -> None:
     """Run each step's forward of ``manager`` (the model runner's ``compute_batch`` of
     each batch processor it makes, in its thread) holding ``lock``, so a change to the
     model's layers (``Engine.model_change``) never lands inside one; first, with the
     lock held, ``before_step`` is given the step's requests in the order their tokens
-    are packed (each has ``state.request_id`` and ``query_length``)."""
+    are packed (each has ``state.request_id`` and ``query_length``); last, once the
+    step's tokens are sampled, ``after_step`` is given them (one per request with a new
+    token, in that order: the runner's output ids)."""
     create = manager._create_batch_processor
 
     def created() -> Any:
@@ -216,6 +224,8 @@ def install_step_guard(
                 if before_step is not None:
                     before_step(io.requests_in_batch)
                 compute(model, batch_data)
+                if after_step is not None:
+                    after_step(io.output_ids[0])
 
         runner.compute_batch = guarded
         runner._thaw_guarded = True
@@ -310,6 +320,9 @@ class Sampling:
     frequency_penalty: float = 0.0  # in [-2, 2], times each output token's count
     presence_penalty: float = 0.0  # in [-2, 2], once for each token in the output
     min_p: float = 0.0  # in [0, 1]
+    # worker.llm.logprobs: None, off; n, each token's log probability and the n most
+    # likely tokens' at its position (0 to MAX_TOP_LOGPROBS)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -318,11 +331,9 @@ class Sampling:
             raise ValueError(f"temperature must be a number >= 0, not {self.temperature!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], not {self.top_p!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _is_int(self.top_k) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0: off), not {self.top_k!r}")
-        if self.seed is not None and not (
-            isinstance(self.seed, int) and 0 <= self.seed < SEED_LIMIT
-        ):
+        if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT):
             raise ValueError(f"seed must be an integer in [0, 2**63), not {self.seed!r}")
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
             raise ValueError(
@@ -334,6 +345,13 @@ class Sampling:
                 raise ValueError(f"{name} must be a number in [-2, 2] (0: off), not {value!r}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1] (0: off), not {self.min_p!r}")
+        if self.logprobs is not None and not (
+            _is_int(self.logprobs) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS
+        ):
+            raise ValueError(
+                f"logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS} (the most likely "
+                f"tokens to return at each position), not {self.logprobs!r}"
+            )
 
     def processor_kwargs(self, vocab_size: int) -> dict[str, Any]:
         """What ``add_request`` passes the logits processors; a penalty or ``min_p``
@@ -352,10 +370,16 @@ class Sampling:
         for name, off in _OFF.items():
             if getattr(self, name) != off:
                 warpers[name] = float(getattr(self, name))
+        if self.logprobs is not None:
+            warpers["logprobs"] = self.logprobs
         return warpers
 
 
 _OFF = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "min_p": 0.0}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def prompt_error(prompt_ids: list[int], vocab_size: int) -> str | None:
@@ -381,6 +405,8 @@ class TokenStep:
     # time.perf_counter() when the engine took the request into its batch (None: not
     # reported); before it, the request waited for a batch slot or KV blocks
     started_s: float | None = None
+    # one per token, for a request that asked for them (Sampling.logprobs)
+    logprobs: tuple[TokenLogprob, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -389,7 +415,13 @@ class TokenStep:
     def then(self, later: TokenStep) -> TokenStep:
         """This step and ``later`` as one, handed over when ``later`` was."""
         started = self.started_s if self.started_s is not None else later.started_s
-        return TokenStep(self.token_ids + later.token_ids, later.at_s, later.finish_reason, started)
+        return TokenStep(
+            self.token_ids + later.token_ids,
+            later.at_s,
+            later.finish_reason,
+            started,
+            self.logprobs + later.logprobs,
+        )
 
 
 def _with_waiting(step: TokenStep, steps: queue.Queue[Any]) -> tuple[TokenStep, Any]:
@@ -419,6 +451,9 @@ class _Stream:
     stop_ids: frozenset[int]
     seen: int = 0  # generated tokens already handed over
     sink: Sink | None = None  # pushed: steps go here, in the router thread
+    # the logprobs of tokens made but not yet handed over, in order (the generation
+    # thread adds them after each step, before its outputs reach the router)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
     def put(self, item: TokenStep | EngineError) -> None:
         if self.sink is not None:
@@ -458,6 +493,7 @@ class Engine:
         from transformers.generation import ContinuousBatchingConfig
 
         from worker.llm.attention import use_step_masks
+        from worker.llm.logprobs import install_logprobs
         from worker.llm.penalties import install_penalties
         from worker.llm.seeded import install_seeded_draw
 
@@ -501,10 +537,15 @@ class Engine:
                 generation_config=generation, continuous_batching_config=batching
             )
             install_penalties(made, self.vocab_size, model.device)
+            kept = install_logprobs(made, self.vocab_size, model.device)  # first: raw logits
             install_seeded_draw(made)  # last, after MinP
             install_unblock_when_idle(made)
             route = None if adapter_routing is None else self._route_step
-            install_step_guard(made, self._step_lock, route)
+
+            def after_step(sampled: torch.Tensor) -> None:
+                self._keep_logprobs(kept, sampled)
+
+            install_step_guard(made, self._step_lock, route, after_step)
             if sizes.share_prefixes:
                 install_prefix_cache(made, self._prefix_searched)
             if self.step_threads is not None:
@@ -777,6 +818,18 @@ class Engine:
         with self._step_lock:
             yield
 
+    def _keep_logprobs(self, kept: StepLogprobs, sampled: torch.Tensor) -> None:
+        """After a step, in the generation thread: the logprobs of its tokens, to the
+        streams of the requests that asked (a request gone since: dropped)."""
+        made = kept.collect(sampled)
+        if not made:
+            return
+        with self._lock:
+            for request_id, logprob in made:
+                stream = self._streams.get(request_id)
+                if stream is not None:
+                    stream.logprobs.append(logprob)
+
     def _prefix_searched(self, prompt_tokens: int, matched: int) -> None:
         self.prefix_queried_tokens += prompt_tokens  # the generation thread only
         self.prefix_hit_tokens += matched
@@ -865,10 +918,15 @@ class Engine:
         if output.is_finished():
             hit_stop = bool(tokens) and tokens[-1] in stream.stop_ids
             reason = "stop" if hit_stop else "length"
+        logprobs: tuple[TokenLogprob, ...] = ()
+        if stream.sampling.logprobs is not None and new:
+            with self._lock:
+                logprobs = tuple(stream.logprobs[: len(new)])
+                del stream.logprobs[: len(new)]
         if new or reason is not None:
             began = float(output.lifespan[0])
             started = began if began > 0 else None
-            stream.put(TokenStep(new, time.perf_counter(), reason, started))
+            stream.put(TokenStep(new, time.perf_counter(), reason, started, logprobs))
 
     def _after_loop_stopped(self) -> None:
         """The manager's loop is not running (its outputs all handed over). Stopped by

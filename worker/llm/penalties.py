@@ -40,6 +40,8 @@ from transformers.generation.continuous_batching.cb_logits_processors import (
     ContinuousBatchingLogitsProcessor,
 )
 
+from worker.llm.seeded import steps_captured
+
 PENALTY_KWARGS = ("repetition_penalty", "frequency_penalty", "presence_penalty")
 
 
@@ -223,13 +225,8 @@ def install_penalties(manager: Any, vocab_size: int, device: torch.device) -> No
     (which goes last): the manager sizes its argument tensors when it starts."""
     if manager.batch_processor is not None:
         raise RuntimeError("install the penalties before the manager starts")
-    config = manager.continuous_batching_config
-    captured = (
-        any(config.cuda_graph_booleans)
-        or config.varlen_compile_config is not None
-        or config.decode_compile_config is not None
-    )
-    dense_rows = config.max_requests_per_batch if captured else None
+    captured = steps_captured(manager)
+    dense_rows = manager.continuous_batching_config.max_requests_per_batch if captured else None
     penalties = Penalties(dense_rows, vocab_size, device)
     min_p = MinP(every_step=captured)
     processors = manager.logit_processor

@@ -97,6 +97,17 @@ class SeededDraw(ContinuousBatchingLogitsProcessor):
         return draw_rows(scores, uniforms)
 
 
+def steps_captured(manager: Any) -> bool:
+    """Whether ``manager``'s steps run as accelerator graphs or compiled: a processor
+    then cannot branch on the step's requests (its work is the same every step)."""
+    config = manager.continuous_batching_config
+    return bool(
+        any(config.cuda_graph_booleans)
+        or config.varlen_compile_config is not None
+        or config.decode_compile_config is not None
+    )
+
+
 def install_seeded_draw(manager: Any) -> SeededDraw:
     """Puts a ``SeededDraw`` last in ``manager``'s logits processors, so requests may
     pass ``seed=`` to ``add_request``. Call it between ``init_continuous_batching`` and
@@ -104,13 +115,7 @@ def install_seeded_draw(manager: Any) -> SeededDraw:
     it starts."""
     if manager.batch_processor is not None:
         raise RuntimeError("install SeededDraw before the manager starts")
-    config = manager.continuous_batching_config
-    captured = (
-        any(config.cuda_graph_booleans)
-        or config.varlen_compile_config is not None
-        or config.decode_compile_config is not None
-    )
-    draw = SeededDraw(every_step=captured)
+    draw = SeededDraw(every_step=steps_captured(manager))
     processors = manager.logit_processor
     processors.logits_processor.append(draw)  # last: it draws from what the warpers left
     # The bookkeeping transformers does for each processor it converts itself: one

@@ -2,9 +2,9 @@
 steps replaying CUDA graphs, greedy tokens equal ``model.generate`` alone on the same
 device (eager steps under masks of their own size too, ``worker.llm.attention``); a step
 shape's graph is captured when it comes again; a seed gives the same tokens alone and in
-a busy batch; a model whose forward cannot be captured runs
-eagerly; and the function built from a CUDA Context answers a call, an adapter's
-included (eagerly: a graph keeps the adapter it was captured with)."""
+a busy batch; penalties and logprobs hold on graphed steps; a model whose forward
+cannot be captured runs eagerly; and the function built from a CUDA Context answers a
+call, an adapter's included (eagerly: a graph keeps the adapter it was captured with)."""
 
 from __future__ import annotations
 
@@ -171,6 +171,22 @@ def test_a_seed_on_graphed_cuda_steps_gives_the_same_tokens_alone_and_in_a_busy_
     try:
         assert engine.cuda_graphs
         on_cpu.test_a_seed_gives_the_same_tokens_alone_and_in_a_busy_batch(model, engine)
+    finally:
+        engine.close()
+
+
+def test_penalties_and_logprobs_on_graphed_cuda_steps_answer_as_on_the_cpu() -> None:
+    """Their dense forms: buffers filled when a step is prepared, read by its graph."""
+    from tests.worker.llm import test_logprobs, test_penalties
+
+    model = tiny_llama().to("cuda")
+    sizes = EngineSizes(max_num_seqs=8, max_batch_tokens=256, kv_cache_bytes=4 << 20)
+    engine = Engine(model, sizes, eos_token_ids=[EOS], capture_at=1)  # every step graphed
+    try:
+        assert engine.cuda_graphs
+        test_penalties.test_penalised_requests_beside_plain_ones_answer_as_alone(model, engine)
+        test_logprobs.test_logprobs_are_the_models_own_beside_requests_without_them(model, engine)
+        assert engine.capture_gate is not None and engine.capture_gate.eager_steps == 0
     finally:
         engine.close()
 

@@ -183,8 +183,8 @@ def _tokens(engine: Engine, prompt: list[int], sampling: Sampling) -> list[int]:
 def _generate(model: Any, prompt: list[int], n: int, **penalty: float) -> list[int]:
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            torch.tensor([prompt], device=model.device),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=model.device),
             do_sample=False,
             max_new_tokens=n,
             eos_token_id=EOS,
@@ -199,7 +199,7 @@ def _greedy_openai(model: Any, prompt: list[int], n: int, frequency: float, pres
     tokens = list(prompt)
     with torch.no_grad():
         for _ in range(n):
-            scores = model(torch.tensor([tokens])).logits[0, -1].float()
+            scores = model(torch.tensor([tokens], device=model.device)).logits[0, -1].float().cpu()
             _openai(scores, tokens[len(prompt) :], frequency, presence)
             tokens.append(int(scores.argmax()))
             if tokens[-1] == EOS:
