@@ -18,7 +18,9 @@ whole completion each time, with no prompt context.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 from typing import Any, Protocol
 
 REPLACEMENT_CHAR = "\ufffd"
@@ -150,3 +152,100 @@ class _Stream:
         after = self._decode(self._shown_ids + self._held)
         self._held = []
         return after[len(before) :] if after.startswith(before) else after
+
+
+#: What a log probability of -inf (a token the model rules out) is sent as: JSON has
+#: no infinity (vLLM sends the same).
+LOGPROB_FLOOR = -9999.0
+
+
+class TokenTexts:
+    """Each token id's own text and bytes, as logprobs name tokens (OpenAI's ``token``
+    and ``bytes``). Where the tokenizer's kind says what bytes a token stands for
+    (byte-level BPE, GPT-2's table; sentencepiece's ▁ for a space and ``<0xNN>`` byte
+    fallback) they are the token's own, and its text is them decoded: a token that ends
+    inside a UTF-8 character has U+FFFD in its text and its true bytes, which a client
+    joins whole, and a sentencepiece token keeps its leading space (decoding the id
+    alone strips it). Special tokens, and tokenizers of another kind: the id decoded
+    alone. Cached per id: a token's text never changes."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+        self._kind = _piece_kind(tokenizer)
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        self._added = {int(i): str(t) for i, t in added.items()}
+
+    def text(self, token_id: int) -> tuple[str, list[int]]:
+        known = self._cache.get(token_id)
+        if known is None:
+            known = self._text(token_id)
+            self._cache[token_id] = known
+        return known
+
+    def _text(self, token_id: int) -> tuple[str, list[int]]:
+        raw = None
+        if token_id not in self._added and self._kind is not None:
+            piece = self._tokenizer.convert_ids_to_tokens(token_id)
+            raw = _piece_bytes(str(piece), self._kind) if piece is not None else None
+        if raw is not None:
+            return bytes(raw).decode("utf-8", errors="replace"), raw
+        text = self._added.get(token_id)
+        if text is None:
+            text = str(self._tokenizer.decode([token_id], skip_special_tokens=False))
+        return text, list(text.encode("utf-8", errors="replace"))
+
+    def entries(self, logprobs: Any) -> list[dict[str, Any]]:
+        """``worker.llm.logprobs.TokenLogprob``s as OpenAI's chat ``logprobs.content``."""
+        out = []
+        for made in logprobs:
+            entry = self._entry(made.token_id, made.logprob)
+            entry["top_logprobs"] = [self._entry(t, lp) for t, lp in made.top]
+            out.append(entry)
+        return out
+
+    def _entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        text, raw = self.text(token_id)
+        return {"token": text, "logprob": max(logprob, LOGPROB_FLOOR), "bytes": raw}
+
+
+_BYTE_LEVEL: dict[str, int] = {}  # GPT-2's table, made on first use
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _piece_kind(tokenizer: Any) -> str | None:
+    """``"byte_level"``, ``"metaspace"`` (sentencepiece's ▁), or None: another kind."""
+    from tokenizers import decoders
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    if isinstance(backend.decoder, decoders.ByteLevel):
+        return "byte_level"
+    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    return "metaspace" if "\u2581" in json.dumps(decoder, ensure_ascii=False) else None
+
+
+def _piece_bytes(piece: str, kind: str) -> list[int] | None:
+    """The bytes a vocabulary piece stands for (None: not known)."""
+    if kind == "metaspace":
+        byte = _BYTE_FALLBACK.fullmatch(piece)
+        if byte is not None:
+            return [int(byte.group(1), 16)]
+        return list(piece.replace("\u2581", " ").encode("utf-8"))
+    alphabet = _byte_level_alphabet()
+    if all(c in alphabet for c in piece):
+        return [alphabet[c] for c in piece]
+    return None
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's table: a byte-level BPE's characters and the bytes they stand for
+    (printable bytes stand for themselves, the others are 256 + n)."""
+    if not _BYTE_LEVEL:
+        printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+        alphabet = {chr(b): b for b in printable}
+        others = sorted(set(range(256)) - set(printable))
+        alphabet.update({chr(256 + n): b for n, b in enumerate(others)})
+        _BYTE_LEVEL.update(alphabet)
+    return _BYTE_LEVEL

@@ -10,12 +10,17 @@ A call's input is what the OpenAI routes make of a request
       OpenAI's: ``serve.sampling_defaults``), "repetition_penalty" and "min_p"
       (the same), "frequency_penalty" and "presence_penalty" (0: off), "seed",
       "stop" (a list of strings), "ignore_eos" (true: run to max_tokens past the
-      model's end of text, as load generators ask). Any other key is refused.
+      model's end of text, as load generators ask), "logprobs" (n, 0 to 20: each
+      token's log probability and the n most likely tokens' at its position, the
+      model's own before any sampling value: ``worker.llm.logprobs``). Any other key
+      is refused.
 
 A streaming call yields ``{"text": delta, "tokens": n}`` as tokens are made, the
 first also with ``"prompt_tokens"``, the last with ``"finish_reason"`` and
 ``"usage"``; any other call returns
-``{"text": all of it, "tokens": n, "finish_reason": ..., "usage": {...}}``. Either way the call's
+``{"text": all of it, "tokens": n, "finish_reason": ..., "usage": {...}}``. A call
+that asked for logprobs has ``"logprobs"`` beside its tokens, one entry per token in
+OpenAI's chat shape (``{"token", "logprob", "bytes", "top_logprobs"}``). Either way the call's
 ``usage`` has its prompt and completion tokens and its ``timings_ms``, all measured
 here where tokens are made, from the call's start in the replica: ``engine_queue``
 (until the engine took the request into its batch), ``ttft`` (the first token),
@@ -39,6 +44,7 @@ from typing import Any
 
 from control_plane.protocol import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, EngineStats, LLMOptions
 from worker.llm.engine import EngineDeadError, Sampling
+from worker.llm.logprobs import MAX_TOP_LOGPROBS
 from worker.llm.serve import LLMReplica, LLMRequestError, TextDelta
 
 
@@ -60,11 +66,15 @@ class LLMFunction:
         if call.stream:
             return (_chunk(d, call.usage, i == 0) for i, d in enumerate(deltas))
         text, tokens, reason = [], 0, None
+        logprobs: list[dict[str, Any]] = []
         for delta in deltas:
             text.append(delta.text)
             tokens += delta.tokens
             reason = delta.finish_reason
+            logprobs += delta.logprobs or []
         out = {"text": "".join(text), "tokens": tokens, "finish_reason": reason}
+        if sampling.logprobs is not None:
+            out["logprobs"] = logprobs
         return {**out, "usage": dict(call.usage)}
 
     def push_call(self, input: Any, call: Any, out: Any) -> None:
@@ -141,6 +151,7 @@ class LLMFunction:
                 presence_penalty=request["presence_penalty"] or 0.0,
                 seed=request["seed"],
                 ignore_eos=request["ignore_eos"],
+                logprobs=request["logprobs"],
             )
         except ValueError as exc:
             raise LLMRequestError(str(exc)) from None
@@ -179,6 +190,8 @@ def _chunk(delta: TextDelta, usage: dict[str, int], first: bool) -> dict[str, An
     ``stream_options.continuous_usage_stats``, needs them), the last the finish reason
     and the call's usage."""
     chunk: dict[str, Any] = {"text": delta.text, "tokens": delta.tokens}
+    if delta.logprobs is not None:
+        chunk["logprobs"] = delta.logprobs
     if first:
         chunk["prompt_tokens"] = usage["prompt_tokens"]
     if delta.finish_reason is not None:
@@ -299,6 +312,13 @@ def _request(input: Any) -> dict[str, Any]:
     if not isinstance(ignore_eos, bool):
         raise LLMRequestError('"ignore_eos" is true or false')
     out["ignore_eos"] = ignore_eos
+    logprobs = input.get("logprobs")
+    if logprobs is not None and not (_is_int(logprobs) and 0 <= logprobs <= MAX_TOP_LOGPROBS):
+        raise LLMRequestError(
+            f'"logprobs" is an integer from 0 to {MAX_TOP_LOGPROBS}: the most likely tokens '
+            "to return beside each token's own log probability"
+        )
+    out["logprobs"] = logprobs
     return out
 
 
@@ -311,7 +331,17 @@ _NUMBERS = (
     "frequency_penalty",
     "presence_penalty",
 )
-_INPUT_KEYS = {"messages", "prompt", "max_tokens", "top_k", "seed", "stop", "ignore_eos", *_NUMBERS}
+_INPUT_KEYS = {
+    "messages",
+    "prompt",
+    "max_tokens",
+    "top_k",
+    "seed",
+    "stop",
+    "ignore_eos",
+    "logprobs",
+    *_NUMBERS,
+}
 
 
 def _messages(messages: Any) -> list[dict[str, str]]:

@@ -30,7 +30,7 @@ from typing import Any
 
 from control_plane.protocol import LLMOptions
 from worker.llm.adapters import AdapterRouting, mixable, route_lora_layers
-from worker.llm.detokenize import IncrementalDetokenizer
+from worker.llm.detokenize import IncrementalDetokenizer, TokenTexts
 from worker.llm.engine import (
     Engine,
     EngineError,
@@ -53,6 +53,17 @@ class TextDelta:
     at_s: float  # time.perf_counter() when the engine handed them over
     finish_reason: FinishReason | None = None
     started_s: float | None = None  # when the engine took the request in (TokenStep)
+    # asked for (Sampling.logprobs): one per token of the step, OpenAI's chat shape
+    # (``TokenTexts.entries``); the text may lag them (a cut character, a stop string)
+    logprobs: list[dict[str, Any]] | None = None
+
+
+def text_delta(
+    step: TokenStep, text: str, reason: FinishReason | None, texts: TokenTexts | None
+) -> TextDelta:
+    """``step`` as a delta of ``text``; with ``texts``, its tokens' logprobs too."""
+    logprobs = None if texts is None else texts.entries(step.logprobs)
+    return TextDelta(text, len(step.token_ids), step.at_s, reason, step.started_s, logprobs)
 
 
 class LLMRequestError(ValueError):
@@ -98,6 +109,7 @@ class LLMReplica:
         self._loads = 0  # adapters loaded on first use, ever: each gets a name of its own
         self.model = model.eval()
         self.tokenizer: Any = AutoTokenizer.from_pretrained(files)
+        self.token_texts = TokenTexts(self.tokenizer)
         self.context_length = options.context_length or int(config.max_position_embeddings)
         self.max_tokens_limit = options.max_tokens_limit
         self.kv_cache_mb = options.kv_cache_mb
@@ -352,20 +364,20 @@ class LLMReplica:
     ) -> Iterator[TextDelta]:
         detok = IncrementalDetokenizer(self.tokenizer, prompt_ids=prompt_ids)
         scan = StopScanner(stop or [])
+        texts = None if sampling.logprobs is None else self.token_texts
         steps = self.engine.generate(prompt_ids, sampling, adapter)
         try:
             for step in steps:
                 text = scan.feed(detok.add(step.token_ids))
-                n, at, began = len(step.token_ids), step.at_s, step.started_s
                 if scan.stopped:
-                    yield TextDelta(text, n, at, "stop", began)
+                    yield text_delta(step, text, "stop", texts)
                     return
                 if step.finished:
                     text += scan.feed(detok.finish()) + scan.finish()
                     reason = "stop" if scan.stopped else step.finish_reason
-                    yield TextDelta(text, n, at, reason, began)
+                    yield text_delta(step, text, reason, texts)
                     return
-                yield TextDelta(text, n, at, None, began)
+                yield text_delta(step, text, None, texts)
             raise EngineError("the engine ended the request without a finish")
         finally:
             steps.close()
@@ -387,7 +399,8 @@ class LLMReplica:
         name = self._model_name(adapter)
         with self._turn(name):
             request_id = self.engine.new_request_id(name)
-            text = PushedText(self, request_id, prompt_ids, stop, on_delta, on_end)
+            texts = None if sampling.logprobs is None else self.token_texts
+            text = PushedText(self, request_id, prompt_ids, stop, on_delta, on_end, texts)
             self.engine.push(prompt_ids, sampling, text.sink, request_id, name)
             try:
                 yield
@@ -434,8 +447,11 @@ class PushedText:
         stop: list[str] | None,
         on_delta: Callable[[TextDelta], None],
         on_end: Callable[[BaseException | None], None],
+        texts: TokenTexts | None = None,
     ) -> None:
+        """``texts``: the call asked for logprobs (``text_delta``)."""
         self.request_id = request_id
+        self._texts = texts
         self._engine = replica.engine
         self._detok = IncrementalDetokenizer(replica.tokenizer, prompt_ids=prompt_ids)
         self._scan = StopScanner(stop or [])
@@ -459,18 +475,17 @@ class PushedText:
     def _step(self, step: TokenStep) -> None:
         scan = self._scan
         text = scan.feed(self._detok.add(step.token_ids))
-        n, at, began = len(step.token_ids), step.at_s, step.started_s
         if scan.stopped:
             self._engine.cancel(self.request_id)  # a stop string ends it here
-            self._on_delta(TextDelta(text, n, at, "stop", began))
+            self._on_delta(text_delta(step, text, "stop", self._texts))
             self._end(None)
         elif step.finished:
             text += scan.feed(self._detok.finish()) + scan.finish()
             reason = "stop" if scan.stopped else step.finish_reason
-            self._on_delta(TextDelta(text, n, at, reason, began))
+            self._on_delta(text_delta(step, text, reason, self._texts))
             self._end(None)
         else:
-            self._on_delta(TextDelta(text, n, at, None, began))
+            self._on_delta(text_delta(step, text, None, self._texts))
 
     def _end(self, error: BaseException | None) -> None:
         self._ended = True

@@ -1,6 +1,7 @@
 """Incremental detokenization with a byte-level BPE tokenizer trained here: tokens
 that end inside a UTF-8 character never show U+FFFD, and the deltas joined equal
-the text of all the ids decoded at once."""
+the text of all the ids decoded at once; each token's own text and bytes (as logprobs
+name tokens) join to the text, a cut character's byte and a sentencepiece space kept."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ from typing import Any
 import pytest
 
 from examples.build_model import build_tokenizer
-from worker.llm.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer
+from worker.llm.detokenize import (
+    LOGPROB_FLOOR,
+    REPLACEMENT_CHAR,
+    IncrementalDetokenizer,
+    TokenTexts,
+)
+from worker.llm.logprobs import TokenLogprob
 
 TEXTS = [
     "The quick brown fox",
@@ -141,3 +148,54 @@ def test_a_slow_tokenizer_decodes_the_whole_completion(tokenizer: Any) -> None:
     detok = IncrementalDetokenizer(_SlowTokenizer(tokenizer), prompt_ids=[5, 6])
     shown = "".join(detok.add([i]) for i in ids[:-1]) + detok.add(ids[-1:]) + detok.finish()
     assert shown == "日本語 🙂 ok"
+
+
+# --- each token's own text and bytes (logprobs) ------------------------------------
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_each_tokens_bytes_join_to_the_text_with_a_byte_level_tokenizer(
+    tokenizer: Any, text: str
+) -> None:
+    texts = TokenTexts(tokenizer)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert bytes(b for i in ids for b in texts.text(i)[1]) == text.encode()
+    for i in ids:
+        token, raw = texts.text(i)
+        assert token == bytes(raw).decode("utf-8", errors="replace")
+
+
+def test_a_token_cut_inside_a_character_has_its_own_byte_and_says_so(tokenizer: Any) -> None:
+    ids = tokenizer.encode("🙂", add_special_tokens=False)
+    assert len(ids) > 1  # the emoji's 4 bytes are more than one token here
+    first, raw = TokenTexts(tokenizer).text(ids[0])
+    assert REPLACEMENT_CHAR in first and raw == list("🙂".encode()[: len(raw)])
+
+
+def test_a_sentencepiece_token_keeps_its_space_and_byte_fallback_its_byte() -> None:
+    tokenizer = llama_style_tokenizer()
+    texts = TokenTexts(tokenizer)
+    text = "the fox jumps 🙂"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    joined = bytes(b for i in ids for b in texts.text(i)[1])
+    assert joined == (" " + text).encode()  # sentencepiece's leading ▁ is a space
+    spaced = [texts.text(i)[0] for i in ids if texts.text(i)[0].startswith(" ")]
+    assert len(spaced) >= 3, "a word's token lost its leading space"
+
+
+def test_special_tokens_are_named_as_they_are_written(tokenizer: Any) -> None:
+    eos = tokenizer.eos_token_id
+    assert TokenTexts(tokenizer).text(eos) == (
+        tokenizer.eos_token,
+        list(tokenizer.eos_token.encode()),
+    )
+
+
+def test_entries_are_openais_chat_shape_with_minus_infinity_floored(tokenizer: Any) -> None:
+    ids = tokenizer.encode("fox", add_special_tokens=False)
+    made = [TokenLogprob(ids[0], -0.25, ((ids[0], -0.25), (3, float("-inf"))))]
+    [entry] = TokenTexts(tokenizer).entries(made)
+    assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"}
+    assert entry["logprob"] == -0.25 and len(entry["top_logprobs"]) == 2
+    assert entry["top_logprobs"][1]["logprob"] == LOGPROB_FLOOR
+    assert set(entry["top_logprobs"][0]) == {"token", "logprob", "bytes"}

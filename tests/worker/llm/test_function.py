@@ -122,6 +122,36 @@ def test_top_k_one_samples_the_greedy_text(function: LLMFunction) -> None:
     assert every[0]["text"] == every[1]["text"] != greedy
 
 
+def test_a_call_with_logprobs_has_one_per_token_naming_its_text(function: LLMFunction) -> None:
+    request = {**PROMPT, "temperature": 0, "ignore_eos": True, "logprobs": 3}
+    out = function(request, _call())
+    logprobs = out["logprobs"]
+    assert len(logprobs) == out["tokens"] == 16
+    # the tokens' own bytes make the text (a random model cuts characters: their
+    # tokens' texts hold U+FFFD, the text has the characters they make whole)
+    joined = bytes(b for e in logprobs for b in e["bytes"])
+    assert joined.decode("utf-8", errors="replace") == out["text"]
+    for entry in logprobs:
+        assert entry["logprob"] <= 0 and len(entry["top_logprobs"]) == 3
+        best = entry["top_logprobs"][0]  # greedy: the token is the most likely
+        assert (best["token"], best["logprob"]) == (entry["token"], entry["logprob"])
+    assert "logprobs" not in function({**PROMPT, "temperature": 0}, _call())
+    chunks = list(function(request, _call(stream=True)))
+    assert [e for c in chunks for e in c.get("logprobs", [])] == logprobs
+
+
+def test_logprobs_are_the_models_own_whatever_the_sampling(function: LLMFunction) -> None:
+    """The same tokens, forced by top_k 1 under a temperature and a penalty that change
+    the sampled distribution: the same logprobs as greedy's (raw, before sampling)."""
+    base = {**PROMPT, "ignore_eos": True, "logprobs": 2}
+    greedy = function({**base, "temperature": 0}, _call())
+    hot = function({**base, "temperature": 1.7, "top_k": 1, "min_p": 0.5}, _call())
+    assert hot["text"] == greedy["text"]
+    for a, b in zip(hot["logprobs"], greedy["logprobs"], strict=True):
+        assert a["token"] == b["token"]
+        assert a["logprob"] == pytest.approx(b["logprob"], abs=1e-5)
+
+
 def _function_over(model_dir: Path) -> LLMFunction:
     config = json.loads((model_dir / "config.json").read_text())
     ctx = Context(device="cpu", weights=tensors_of(model_dir), config=config, files=model_dir)
@@ -254,6 +284,9 @@ def test_an_adapter_changes_the_text_and_the_base_comes_back(function: LLMFuncti
         ({"prompt": "a", "top_p": float("nan")}, "top_p"),
         ({"prompt": "a", "top_k": -2}, "top_k"),
         ({"prompt": "a", "top_k": 1.5}, "top_k"),
+        ({"prompt": "a", "logprobs": 21}, "logprobs"),
+        ({"prompt": "a", "logprobs": True}, "logprobs"),
+        ({"prompt": "a", "logprobs": -1}, "logprobs"),
     ],
 )
 def test_bad_input_is_a_request_error(function: LLMFunction, bad: Any, says: str) -> None:
@@ -394,6 +427,17 @@ def test_a_pushed_stream_is_the_pulled_stream_sent_a_step_at_a_time(
     assert 0 <= call.timings_ms["engine_queue"] <= call.timings_ms["ttft"]
     if call.usage["completion_tokens"] > 1:
         assert call.timings_ms["tpot"] > 0 and len(call.token_gaps_ms) > 1
+
+
+def test_a_pushed_stream_carries_the_logprobs_of_the_pulled_one(
+    function: LLMFunction, step_frames: tuple[StepFrames, _Sent]
+) -> None:
+    frames, sent = step_frames
+    request = {**PROMPT, "temperature": 0, "ignore_eos": True, "logprobs": 1}
+    pulled = [e for c in function(request, _call(stream=True)) for e in c.get("logprobs", [])]
+    _push(function, frames, request, CallContext("pushed-logprobs", stream=True))
+    pushed = [e for c in sent.chunks("pushed-logprobs") for e in c.get("logprobs", [])]
+    assert len(pushed) == 16 and pushed == pulled
 
 
 def test_pushed_streams_share_a_write_per_step(
