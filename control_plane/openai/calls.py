@@ -31,8 +31,10 @@ from control_plane.openai.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatDelta,
+    ChatLogprobs,
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     FinishReason,
     ModelCard,
@@ -155,6 +157,8 @@ def call_input(
     }
     if request.ignore_eos:
         out["ignore_eos"] = True
+    if request.top_asked() is not None:
+        out["logprobs"] = request.top_asked()
     if isinstance(request, ChatCompletionRequest):
         out["messages"] = [{"role": m.role, "content": m.text()} for m in request.messages]
     else:
@@ -198,9 +202,11 @@ def response(
     text = str(output.get("text", ""))
     reason: FinishReason = "length" if output.get("finish_reason") == "length" else "stop"
     created = int(view.accepted_at)
+    entries = output.get("logprobs") if request.top_asked() is not None else None
     if isinstance(request, ChatCompletionRequest):
         message = AssistantMessage(content=text)
-        choice = ChatChoice(message=message, finish_reason=reason)
+        logprobs = None if entries is None else ChatLogprobs.model_validate({"content": entries})
+        choice = ChatChoice(message=message, finish_reason=reason, logprobs=logprobs)
         return ChatCompletion(
             id=f"chatcmpl-{view.id}",
             created=created,
@@ -212,7 +218,13 @@ def response(
         id=f"cmpl-{view.id}",
         created=created,
         model=request.model,
-        choices=[CompletionChoice(text=text, finish_reason=reason)],
+        choices=[
+            CompletionChoice(
+                text=text,
+                finish_reason=reason,
+                logprobs=None if entries is None else CompletionLogprobs.of(entries),
+            )
+        ],
         usage=_usage(output),
     )
 
@@ -242,6 +254,8 @@ class Stream:
         self.continuous = request.continuous_usage()
         self.prompt_tokens = self.completion_tokens = 0
         self._text_chunk: tuple[bytes, bytes] | None = None  # see ``_text_only``
+        self.logprobs = request.top_asked() is not None
+        self._text_offset = 0  # a text completion's logprobs: where the next token starts
 
     def output(self, chunk: Any) -> list[bytes]:
         """The SSE events for one output of the call."""
@@ -253,7 +267,10 @@ class Stream:
             events.append(self._chat(ChatDelta(role="assistant", content="")))
         self.started = True
         text, reason = str(chunk.get("text", "")), chunk.get("finish_reason")
-        if text and reason is None and not self.continuous:
+        entries = chunk.get("logprobs") if self.logprobs else None
+        if entries:  # the text may lag its tokens (a cut character, a stop string)
+            events.append(self._with_logprobs(text, entries))
+        elif text and reason is None and not self.continuous:
             events.append(self._text_only(text))
         elif text:
             events.append(self._chat(ChatDelta(content=text)) if self.chat else self._text(text))
@@ -268,6 +285,14 @@ class Stream:
             if self.request.include_usage():
                 events.append(self._usage(usage))
         return events
+
+    def _with_logprobs(self, text: str, entries: list[dict[str, Any]]) -> bytes:
+        if self.chat:
+            logprobs = ChatLogprobs.model_validate({"content": entries})
+            return self._chat(ChatDelta(content=text), logprobs=logprobs)
+        made = CompletionLogprobs.of(entries, self._text_offset)
+        self._text_offset += sum(len(e["token"]) for e in entries)
+        return self._text(text, logprobs=made)
 
     def _text_only(self, text: str) -> bytes:
         """A chunk of text and nothing else (most of a stream's), the same bytes as
@@ -291,8 +316,10 @@ class Stream:
         """The usage so far, for a chunk with choices (None: not asked for)."""
         return Usage.of(self.prompt_tokens, self.completion_tokens) if self.continuous else None
 
-    def _chat(self, delta: ChatDelta, reason: Any = None) -> bytes:
-        choice = ChatChunkChoice(delta=delta, finish_reason=reason)
+    def _chat(
+        self, delta: ChatDelta, reason: Any = None, logprobs: ChatLogprobs | None = None
+    ) -> bytes:
+        choice = ChatChunkChoice(delta=delta, finish_reason=reason, logprobs=logprobs)
         chunk = ChatCompletionChunk(
             id=self.id,
             created=self.created,
@@ -304,8 +331,10 @@ class Stream:
         body["choices"][0]["delta"] = delta.model_dump(exclude_none=True)  # as OpenAI sends it
         return sse(body)
 
-    def _text(self, text: str, reason: Any = None) -> bytes:
-        choice = CompletionChoice(text=text, finish_reason=reason)
+    def _text(
+        self, text: str, reason: Any = None, logprobs: CompletionLogprobs | None = None
+    ) -> bytes:
+        choice = CompletionChoice(text=text, finish_reason=reason, logprobs=logprobs)
         chunk = Completion(
             id=self.id,
             created=self.created,

@@ -1,7 +1,7 @@
 """The OpenAI wire format thaw serves, in one place: requests as clients send them
 (the ``openai`` SDK, LangChain, load generators), responses and stream chunks as
 they expect them. A parameter thaw does not implement is refused, naming it
-(``unsupported``), never ignored: a client that asks for tools or logprobs must
+(``unsupported``), never ignored: a client that asks for tools or a logit bias must
 learn it got none.
 """
 
@@ -13,6 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from control_plane.openai.errors import OpenAIError, invalid
 from control_plane.protocol import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
+
+#: Alternatives a request may ask for at each token (OpenAI's limit for chat; vLLM
+#: takes as many on completions, where OpenAI stops at 5).
+MAX_TOP_LOGPROBS = 20
 
 FinishReason = Literal["stop", "length"]
 
@@ -71,8 +75,6 @@ class _Generation(BaseModel):
     repetition_penalty: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     min_p: float | None = Field(default=None, ge=0, le=1)
     logit_bias: dict[str, float] | None = None
-    logprobs: Any = None
-    top_logprobs: int | None = None
     # vLLM's extension: generate max_tokens whatever the model's end of text (how load
     # generators fix a request's output length)
     ignore_eos: bool = False
@@ -99,19 +101,31 @@ class _Generation(BaseModel):
             return invalid(f"each stop sequence is at most {MAX_STOP_CHARS} characters", "stop")
         if self.stream_options is not None and not self.stream:
             return invalid("stream_options is only allowed with stream: true", "stream_options")
-        for name in ("logit_bias", "logprobs", "top_logprobs"):
-            if getattr(self, name) not in (None, False, {}):
-                return invalid(f"{name} is not supported (leave it out)", name)
+        if self.logit_bias:
+            return invalid("logit_bias is not supported (leave it out)", "logit_bias")
         return None
 
 
 class ChatCompletionRequest(_Generation):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    # each output token's log probability, and with top_logprobs the n most likely
+    # tokens' at its position (the model's own, before any sampling value)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
     def requested_tokens(self) -> int | None:
         """``max_completion_tokens`` (the current name), else ``max_tokens``."""
         return self.max_completion_tokens or self.max_tokens
+
+    def top_asked(self) -> int | None:
+        """The alternatives asked for at each token (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def unsupported(self) -> OpenAIError | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            return invalid("top_logprobs needs logprobs: true", "top_logprobs")
+        return super().unsupported()
 
 
 class CompletionRequest(_Generation):
@@ -119,9 +133,14 @@ class CompletionRequest(_Generation):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    # each output token's log probability and the n most likely tokens' at its position
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
     def requested_tokens(self) -> int:
         return self.max_tokens or 16  # OpenAI's default for completions
+
+    def top_asked(self) -> int | None:
+        return self.logprobs
 
     def unsupported(self) -> OpenAIError | None:
         if isinstance(self.prompt, list) and not self.prompt:
@@ -173,6 +192,55 @@ class Usage(BaseModel):
         )
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobEntry(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    """A chat choice's (or chunk's) ``logprobs``: one entry per token."""
+
+    content: list[TokenLogprobEntry] | None
+
+
+class CompletionLogprobs(BaseModel):
+    """A text completion's ``logprobs``, the legacy shape: lists side by side, the
+    alternatives as token -> logprob, and each token's offset in the text."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+    @classmethod
+    def of(cls, entries: list[dict[str, Any]], offset: int = 0) -> CompletionLogprobs:
+        """Chat-shaped ``entries`` (the replica's), the first at ``offset`` of the text."""
+        offsets = []
+        for entry in entries:
+            offsets.append(offset)
+            offset += len(entry["token"])
+        return cls(
+            tokens=[e["token"] for e in entries],
+            token_logprobs=[e["logprob"] for e in entries],
+            top_logprobs=[_by_text(e["top_logprobs"]) for e in entries],
+            text_offset=offsets,
+        )
+
+
+def _by_text(top: list[dict[str, Any]]) -> dict[str, float]:
+    """Alternatives as text -> logprob, most likely first; tokens of the same text (a
+    cut character's U+FFFD) keep the most likely one's."""
+    out: dict[str, float] = {}
+    for alternative in top:
+        out.setdefault(alternative["token"], alternative["logprob"])
+    return out
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
@@ -182,7 +250,7 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: FinishReason
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -203,7 +271,7 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -219,7 +287,7 @@ class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(BaseModel):

@@ -1,6 +1,6 @@
 """An LLM function (``[llm]``, no code) on the embedded stack, driven by the ``openai``
 SDK unchanged at ``/openai/v1``: the first call from zero, listing, chat and text
-completions, streams with usage, an adapter by ``function:adapter``, bad input as
+completions, streams with usage, logprobs, an adapter by ``function:adapter``, bad input as
 OpenAI's errors, a client that leaves mid-stream, and eight streams sharing steps.
 
 The model is the example's tiny Llama (random weights) with its byte-level tokenizer
@@ -181,6 +181,71 @@ def test_a_repetition_penalty_equals_generates_and_penalties_reach_the_replica(
     assert frequent != plain
     with pytest.raises(openai.BadRequestError, match="min_p"):
         client.completions.create(model=FUNCTION, prompt="x", extra_body={"min_p": 2})
+
+
+def model_logprobs(model_dir: Path, ids: list[int], max_new_tokens: int) -> list[list[float]]:
+    """Greedy ``generate``'s raw log-softmax at each new token, as lists."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([ids]),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    return [step[0].float().log_softmax(-1).tolist() for step in out.logits]
+
+
+def test_logprobs_through_the_sdk_are_the_models_own(stack: Stack, model_dir: Path) -> None:
+    client = sdk(stack)
+    ids = prompt_ids(model_dir, "Where every millisecond went")
+    expected = model_logprobs(model_dir, ids, 10)
+    args: dict[str, Any] = {"model": FUNCTION, "prompt": ids, "max_tokens": 10, "temperature": 0}
+    text = client.completions.create(**args, logprobs=3, extra_body={"ignore_eos": True})
+    made = text.choices[0].logprobs
+    assert made is not None and made.token_logprobs is not None and made.top_logprobs is not None
+    assert len(made.token_logprobs) == 10
+    for got, want, top in zip(made.token_logprobs, expected, made.top_logprobs, strict=True):
+        assert got == pytest.approx(max(want), abs=1e-4)  # greedy: the most likely token's
+        best = sorted(want, reverse=True)[:3]  # tokens of the same text are one entry
+        assert max(top.values()) == pytest.approx(best[0], abs=1e-4)
+        assert all(any(v == pytest.approx(b, abs=1e-4) for b in best) for v in top.values())
+    assert made.text_offset is not None and made.text_offset[0] == 0
+    # chat, unstreamed and streamed: the same entries, in the SDK's own types
+    chat: dict[str, Any] = {
+        "model": FUNCTION,
+        "messages": [{"role": "user", "content": "Count the tokens"}],
+        "max_tokens": 12,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    whole = client.chat.completions.create(**chat).choices[0]
+    assert whole.logprobs is not None and whole.logprobs.content is not None
+    entries = whole.logprobs.content
+    usage = client.chat.completions.create(**chat).usage
+    assert usage is not None and len(entries) == usage.completion_tokens
+    assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].token == e.token for e in entries)
+    assert (
+        bytes(b for e in entries for b in e.bytes or [])
+        .decode(errors="replace")
+        .startswith(whole.message.content or "")
+    )
+    streamed = [
+        e
+        for chunk in client.chat.completions.create(**chat, stream=True)
+        for choice in chunk.choices
+        for e in (choice.logprobs.content or [] if choice.logprobs else [])
+    ]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in entries]
+    plain = client.chat.completions.create(**{**chat, "logprobs": False, "top_logprobs": None})
+    assert plain.choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError, match="top_logprobs needs logprobs"):
+        client.chat.completions.create(**{**chat, "logprobs": None})
 
 
 def test_a_stream_joined_equals_the_same_call_unstreamed(stack: Stack) -> None:

@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 
-from control_plane.openai.calls import Stream
+from control_plane.openai.calls import Stream, Target, call_input, response
 from control_plane.openai.errors import OpenAIError, model_not_found
 from control_plane.openai.protocol import (
+    ChatCompletion,
     ChatCompletionRequest,
     ChatDelta,
+    Completion,
     CompletionRequest,
     Usage,
     parse_request,
@@ -136,7 +138,9 @@ def test_a_text_chunk_is_the_same_bytes_as_the_chunk_model_makes(
         ({"top_p": 0}, "top_p", "greater than 0"),
         ({"top_k": -2}, "top_k", "greater than or equal to -1"),
         ({"tools": [{"type": "function"}]}, "tools", "unsupported parameter: tools"),
-        ({"logprobs": True}, "logprobs", "logprobs is not supported"),
+        ({"logit_bias": {"50256": -100}}, "logit_bias", "logit_bias is not supported"),
+        ({"top_logprobs": 3}, "top_logprobs", "top_logprobs needs logprobs: true"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "less than or equal to 20"),
         ({"presence_penalty": 2.5}, "presence_penalty", "less than or equal to 2"),
         ({"frequency_penalty": -3}, "frequency_penalty", "greater than or equal to -2"),
         ({"repetition_penalty": 0}, "repetition_penalty", "greater than 0"),
@@ -169,6 +173,8 @@ def test_completion_refusals_and_neutral_values() -> None:
         ({"best_of": 2}, "best_of"),
         ({"prompt": ["a", "b"]}, "prompt"),
         ({"prompt": []}, "prompt"),  # was an IndexError making the call's input: a 500
+        ({"logprobs": 21}, "logprobs"),
+        ({"logprobs": 2, "top_logprobs": 2}, "top_logprobs"),  # chat's, not completions'
     ):
         with pytest.raises(OpenAIError) as caught:
             parse_request(CompletionRequest, {"model": "m", "prompt": "x", **extra})
@@ -193,3 +199,123 @@ def test_errors_and_usage_in_openai_shape() -> None:
     }
     assert "tiny:pirate" in err.message
     assert Usage.of(5, 7).total_tokens == 12
+
+
+# --- logprobs ------------------------------------------------------------------------
+
+
+def _entry(token: str, logprob: float, *top: tuple[str, float]) -> dict[str, Any]:
+    def one(t: str, lp: float) -> dict[str, Any]:
+        return {"token": t, "logprob": lp, "bytes": list(t.encode())}
+
+    return {**one(token, logprob), "top_logprobs": [one(t, lp) for t, lp in top]}
+
+
+def test_alternatives_of_the_same_text_keep_the_most_likely() -> None:
+    from control_plane.openai.protocol import CompletionLogprobs
+
+    cut = _entry("\ufffd", -1.0, ("\ufffd", -1.0), ("a", -1.5), ("\ufffd", -2.0))
+    assert CompletionLogprobs.of([cut]).top_logprobs == [{"\ufffd": -1.0, "a": -1.5}]
+
+
+ENTRIES = [
+    _entry("He", -0.1, ("He", -0.1), ("A", -2.5)),
+    _entry("llo", -0.7, ("llo", -0.7), ("y", -1.0)),
+]
+
+
+def _target() -> Target:
+    from control_plane.protocol import LLMOptions
+    from control_plane.spec import FunctionSpec
+
+    spec = FunctionSpec.model_construct(name="tiny", llm=LLMOptions(), adapters=[])
+    return Target("tiny", None, spec)
+
+
+def _view(output: dict[str, Any]) -> Any:
+    from control_plane.services.calls import CallView
+
+    return CallView(
+        id="c1", function="tiny", version=1, status="succeeded", attempt=1, input={},
+        output=output, error=None, adapter=None, stream=False, cold=False, replica_id=None,
+        phases_ms={}, timings_ms={}, accepted_at=1.0, deadline_at=2.0, finished_at=1.5,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kind", "extra", "asked"),
+    [
+        (ChatCompletionRequest, {}, None),
+        (ChatCompletionRequest, {"logprobs": False}, None),
+        (ChatCompletionRequest, {"logprobs": True}, 0),
+        (ChatCompletionRequest, {"logprobs": True, "top_logprobs": 5}, 5),
+        (CompletionRequest, {}, None),
+        (CompletionRequest, {"logprobs": 0}, 0),
+        (CompletionRequest, {"logprobs": 20}, 20),
+    ],
+)
+def test_logprobs_asked_reach_the_replica_as_a_count(
+    kind: type[ChatCompletionRequest] | type[CompletionRequest],
+    extra: dict[str, Any],
+    asked: int | None,
+) -> None:
+    body = (
+        {**CHAT, **extra}
+        if kind is ChatCompletionRequest
+        else {"model": "tiny", "prompt": "x", **extra}
+    )
+    made = call_input(parse_request(kind, body), _target())
+    assert made.get("logprobs", "absent") == ("absent" if asked is None else asked)
+
+
+def test_a_chat_answer_has_its_tokens_logprobs_and_one_without_has_none() -> None:
+    output = {"text": "Hello", "finish_reason": "length", "logprobs": ENTRIES, "usage": {}}
+    asked = parse_request(ChatCompletionRequest, {**CHAT, "logprobs": True, "top_logprobs": 2})
+    answer = response(asked, _view(output))
+    assert isinstance(answer, ChatCompletion)
+    sent = answer.model_dump(mode="json")["choices"][0]["logprobs"]
+    assert sent == {"content": ENTRIES}
+    plain = response(parse_request(ChatCompletionRequest, CHAT), _view(output))
+    assert plain.model_dump(mode="json")["choices"][0]["logprobs"] is None
+
+
+def test_a_text_completion_has_them_in_the_legacy_shape_with_offsets() -> None:
+    output = {"text": "Hello", "finish_reason": "length", "logprobs": ENTRIES, "usage": {}}
+    asked = parse_request(CompletionRequest, {"model": "tiny", "prompt": "x", "logprobs": 2})
+    answer = response(asked, _view(output))
+    assert isinstance(answer, Completion)
+    assert answer.model_dump(mode="json")["choices"][0]["logprobs"] == {
+        "tokens": ["He", "llo"],
+        "token_logprobs": [-0.1, -0.7],
+        "top_logprobs": [{"He": -0.1, "A": -2.5}, {"llo": -0.7, "y": -1.0}],
+        "text_offset": [0, 2],
+    }
+
+
+@pytest.mark.parametrize("kind", [ChatCompletionRequest, CompletionRequest])
+def test_a_stream_sends_each_chunks_logprobs_with_it(
+    kind: type[ChatCompletionRequest] | type[CompletionRequest],
+) -> None:
+    if kind is ChatCompletionRequest:
+        body: dict[str, Any] = {**CHAT, "stream": True, "logprobs": True, "top_logprobs": 2}
+    else:
+        body = {"model": "tiny", "prompt": "x", "stream": True, "logprobs": 2}
+    stream = Stream(parse_request(kind, body), "c1")
+    outputs = [
+        {"text": "He", "tokens": 1, "prompt_tokens": 3, "logprobs": ENTRIES[:1]},
+        {"text": "", "tokens": 1, "logprobs": ENTRIES[1:]},  # a stop string holds its text
+        {"text": "llo", "tokens": 0, "finish_reason": "stop", "usage": {}},
+    ]
+    sent = [
+        json.loads(e.decode().removeprefix("data: ")) for o in outputs for e in stream.output(o)
+    ]
+    choices = [c["choices"][0] for c in sent]
+    with_logprobs = [c["logprobs"] for c in choices if c["logprobs"] is not None]
+    if kind is ChatCompletionRequest:
+        assert with_logprobs == [{"content": ENTRIES[:1]}, {"content": ENTRIES[1:]}]
+        text = "".join(c["delta"].get("content", "") for c in choices)
+    else:
+        assert [lp["tokens"] for lp in with_logprobs] == [["He"], ["llo"]]
+        assert [lp["text_offset"] for lp in with_logprobs] == [[0], [2]]
+        text = "".join(c["text"] for c in choices)
+    assert text == "Hello" and choices[-1]["finish_reason"] == "stop"
