@@ -159,6 +159,8 @@ def call_input(
         out["ignore_eos"] = True
     if request.top_asked() is not None:
         out["logprobs"] = request.top_asked()
+    if request.logit_bias:
+        out["logit_bias"] = dict(request.logit_bias)
     if isinstance(request, ChatCompletionRequest):
         out["messages"] = [{"role": m.role, "content": m.text()} for m in request.messages]
     else:

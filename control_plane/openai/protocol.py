@@ -1,13 +1,13 @@
 """The OpenAI wire format thaw serves, in one place: requests as clients send them
 (the ``openai`` SDK, LangChain, load generators), responses and stream chunks as
 they expect them. A parameter thaw does not implement is refused, naming it
-(``unsupported``), never ignored: a client that asks for tools or a logit bias must
-learn it got none.
+(``unsupported``), never ignored: a client that asks for tools must learn it got
+none.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -74,7 +74,10 @@ class _Generation(BaseModel):
     # vLLM's extensions (None: the model's generation_config.json, else off)
     repetition_penalty: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     min_p: float | None = Field(default=None, ge=0, le=1)
-    logit_bias: dict[str, float] | None = None
+    # token id (as a string) -> bias added to its logit, before the penalties
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]] | None = (
+        None
+    )
     # vLLM's extension: generate max_tokens whatever the model's end of text (how load
     # generators fix a request's output length)
     ignore_eos: bool = False
@@ -101,8 +104,11 @@ class _Generation(BaseModel):
             return invalid(f"each stop sequence is at most {MAX_STOP_CHARS} characters", "stop")
         if self.stream_options is not None and not self.stream:
             return invalid("stream_options is only allowed with stream: true", "stream_options")
-        if self.logit_bias:
-            return invalid("logit_bias is not supported (leave it out)", "logit_bias")
+        for key in self.logit_bias or {}:
+            if not key.isdigit():
+                return invalid(
+                    f'logit_bias names {key!r}: a key is a token id, as "1234"', "logit_bias"
+                )
         return None
 
 

@@ -248,6 +248,26 @@ def test_logprobs_through_the_sdk_are_the_models_own(stack: Stack, model_dir: Pa
         client.chat.completions.create(**{**chat, "logprobs": None})
 
 
+def test_a_logit_bias_through_the_sdk_forces_and_bans(stack: Stack, model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    client = sdk(stack)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    args: dict[str, Any] = {"model": FUNCTION, "prompt": "The fox", "max_tokens": 6}
+    forced = client.completions.create(**args, temperature=1.0, logit_bias={"100": 100})
+    assert forced.choices[0].text == tokenizer.decode([100] * 6)
+    greedy = client.completions.create(**args, temperature=0, logprobs=0)
+    assert greedy.choices[0].logprobs is not None
+    first = greedy.choices[0].logprobs.tokens or []
+    ids = tokenizer("The fox")["input_ids"]
+    top = model_logprobs(model_dir, ids, 1)[0]
+    best = max(range(len(top)), key=top.__getitem__)
+    banned = client.completions.create(**args, temperature=0, logit_bias={str(best): -100})
+    assert first and not banned.choices[0].text.startswith(first[0])
+    with pytest.raises(openai.BadRequestError, match="outside this model's vocabulary"):
+        client.completions.create(**args, logit_bias={"99999": 1})
+
+
 def test_a_stream_joined_equals_the_same_call_unstreamed(stack: Stack) -> None:
     client = sdk(stack)
     args: dict[str, Any] = {
@@ -397,7 +417,7 @@ def test_bad_input_gets_openai_errors(stack: Stack) -> None:
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": 201}, "max_tokens"),  # over max_tokens_limit
         ({"n": 2}, "n"),
-        ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"logit_bias": {"one": 5}}, "logit_bias"),
         ({"messages": [{"role": "wizard", "content": "Hi"}]}, "messages.0.role"),
         ({"messages": []}, "messages"),
     ]:

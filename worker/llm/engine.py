@@ -84,6 +84,8 @@ from worker.sdk import ReplicaLost
 
 FinishReason = Literal["stop", "length"]
 SEED_LIMIT = 2**63  # exclusive: OpenAI's seed is a signed 64-bit integer
+# Tokens one request's logit bias may name: each step builds its index from them.
+MAX_LOGIT_BIAS = 1024
 _ROUTER_POLL_S = 0.05
 _WAKE_S = 0.1
 # A temperature above 0 but below this is taken as this (as vLLM does): the manager
@@ -320,6 +322,8 @@ class Sampling:
     frequency_penalty: float = 0.0  # in [-2, 2], times each output token's count
     presence_penalty: float = 0.0  # in [-2, 2], once for each token in the output
     min_p: float = 0.0  # in [0, 1]
+    # ((token id, bias in [-100, 100]), ...), added to those tokens' logits first
+    logit_bias: tuple[tuple[int, float], ...] = ()
     # worker.llm.logprobs: None, off; n, each token's log probability and the n most
     # likely tokens' at its position (0 to MAX_TOP_LOGPROBS)
     logprobs: int | None = None
@@ -345,6 +349,7 @@ class Sampling:
                 raise ValueError(f"{name} must be a number in [-2, 2] (0: off), not {value!r}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1] (0: off), not {self.min_p!r}")
+        self._check_logit_bias()
         if self.logprobs is not None and not (
             _is_int(self.logprobs) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS
         ):
@@ -352,6 +357,22 @@ class Sampling:
                 f"logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS} (the most likely "
                 f"tokens to return at each position), not {self.logprobs!r}"
             )
+
+    def _check_logit_bias(self) -> None:
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise ValueError(
+                f"logit_bias names {len(self.logit_bias)} tokens; at most {MAX_LOGIT_BIAS}"
+            )
+        tokens = [token for token, _ in self.logit_bias]
+        if len(set(tokens)) != len(tokens):
+            raise ValueError("logit_bias names a token twice")
+        for token, bias in self.logit_bias:
+            if not _is_int(token) or token < 0:
+                raise ValueError(f"logit_bias names {token!r}: a token id is an integer >= 0")
+            if not (isinstance(bias, int | float) and math.isfinite(bias) and abs(bias) <= 100):
+                raise ValueError(
+                    f"logit_bias of token {token} is {bias!r}: a bias is from -100 to 100"
+                )
 
     def processor_kwargs(self, vocab_size: int) -> dict[str, Any]:
         """What ``add_request`` passes the logits processors; a penalty or ``min_p``
@@ -370,6 +391,8 @@ class Sampling:
         for name, off in _OFF.items():
             if getattr(self, name) != off:
                 warpers[name] = float(getattr(self, name))
+        if self.logit_bias:
+            warpers["logit_bias"] = tuple((t, float(b)) for t, b in self.logit_bias)
         if self.logprobs is not None:
             warpers["logprobs"] = self.logprobs
         return warpers
@@ -380,6 +403,18 @@ _OFF = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty":
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def bias_error(sampling: Sampling, vocab_size: int) -> str | None:
+    """Why ``sampling``'s logit bias cannot join a batch of a model with ``vocab_size``
+    tokens (None: it can): an id outside the logits fails the step, as a prompt's would."""
+    outside = [t for t, _ in sampling.logit_bias if t >= vocab_size]
+    if outside:
+        return (
+            f"logit_bias names token id {outside[0]}, outside this model's vocabulary "
+            f"(ids 0 to {vocab_size - 1})"
+        )
+    return None
 
 
 def prompt_error(prompt_ids: list[int], vocab_size: int) -> str | None:
@@ -695,7 +730,7 @@ class Engine:
                 f"request {request_id!r} was not made for adapter {adapter!r}: "
                 "take its id from new_request_id"
             )
-        refused = prompt_error(prompt_ids, self.vocab_size)
+        refused = prompt_error(prompt_ids, self.vocab_size) or bias_error(sampling, self.vocab_size)
         needed = len(prompt_ids) + sampling.max_new_tokens - 1
         if refused is None and self.sequence_tokens is not None and needed > self.sequence_tokens:
             refused = (

@@ -12,8 +12,8 @@ A call's input is what the OpenAI routes make of a request
       "stop" (a list of strings), "ignore_eos" (true: run to max_tokens past the
       model's end of text, as load generators ask), "logprobs" (n, 0 to 20: each
       token's log probability and the n most likely tokens' at its position, the
-      model's own before any sampling value: ``worker.llm.logprobs``). Any other key
-      is refused.
+      model's own before any sampling value: ``worker.llm.logprobs``), "logit_bias"
+      (OpenAI's: {"token id": bias from -100 to 100}). Any other key is refused.
 
 A streaming call yields ``{"text": delta, "tokens": n}`` as tokens are made, the
 first also with ``"prompt_tokens"``, the last with ``"finish_reason"`` and
@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from control_plane.protocol import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, EngineStats, LLMOptions
-from worker.llm.engine import EngineDeadError, Sampling
+from worker.llm.engine import EngineDeadError, Sampling, bias_error
 from worker.llm.logprobs import MAX_TOP_LOGPROBS
 from worker.llm.serve import LLMReplica, LLMRequestError, TextDelta
 
@@ -152,9 +152,13 @@ class LLMFunction:
                 seed=request["seed"],
                 ignore_eos=request["ignore_eos"],
                 logprobs=request["logprobs"],
+                logit_bias=request["logit_bias"],
             )
         except ValueError as exc:
             raise LLMRequestError(str(exc)) from None
+        refused = bias_error(sampling, llm.engine.vocab_size)
+        if refused is not None:
+            raise LLMRequestError(refused)
         call.usage["prompt_tokens"] = len(prompt)
         call.usage["completion_tokens"] = 0
         return prompt, sampling, request["stop"]
@@ -319,7 +323,28 @@ def _request(input: Any) -> dict[str, Any]:
             "to return beside each token's own log probability"
         )
     out["logprobs"] = logprobs
+    out["logit_bias"] = _logit_bias(input.get("logit_bias"))
     return out
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"token id": bias}`` as the engine takes it (the range is checked by
+    ``Sampling``, the ids against the vocabulary by the engine)."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise LLMRequestError('"logit_bias" is an object of token id (a string) to bias')
+    out = []
+    for key, bias in value.items():
+        token = key if _is_int(key) else None
+        if isinstance(key, str) and key.strip().isdigit():
+            token = int(key)
+        if token is None:
+            raise LLMRequestError(f'"logit_bias" names {key!r}: a key is a token id, as "1234"')
+        if isinstance(bias, bool) or not isinstance(bias, int | float):
+            raise LLMRequestError(f'"logit_bias" of token {key} is a number from -100 to 100')
+        out.append((token, float(bias)))
+    return tuple(out)
 
 
 #: The sampling values a call passes as numbers (None: the model's or OpenAI's default).
@@ -340,6 +365,7 @@ _INPUT_KEYS = {
     "stop",
     "ignore_eos",
     "logprobs",
+    "logit_bias",
     *_NUMBERS,
 }
 

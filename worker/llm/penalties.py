@@ -1,7 +1,8 @@
-"""Penalties and ``min_p`` per request inside one continuous batch, as vLLM applies
-them and as clients send them: OpenAI's ``presence_penalty`` and ``frequency_penalty``,
-and the ``repetition_penalty`` and ``min_p`` of vLLM and of models'
-``generation_config.json`` (Qwen2.5 Instruct ships ``repetition_penalty`` 1.05).
+"""Penalties, a logit bias and ``min_p`` per request inside one continuous batch, as
+vLLM applies them and as clients send them: OpenAI's ``logit_bias``,
+``presence_penalty`` and ``frequency_penalty``, and the ``repetition_penalty`` and
+``min_p`` of vLLM and of models' ``generation_config.json`` (Qwen2.5 Instruct ships
+``repetition_penalty`` 1.05).
 
 Both are logits processors of transformers' own per-request kind
 (``ContinuousBatchingLogitsProcessor``), placed around its warpers::
@@ -11,6 +12,7 @@ Both are logits processors of transformers' own per-request kind
 ``Penalties``, first, on the raw logits (where vLLM and ``model.generate`` put them, so
 greedy with a penalty is ``generate``'s greedy with it), for each token ``t``:
 
+    logit bias  l += the bias the request gives t (vLLM's order: before the penalties)
     repetition  t in the prompt or the output: a logit l > 0 becomes l / r, else l * r
     frequency   l -= frequency_penalty * (times t is in the output)
     presence    l -= presence_penalty  * (1 if t is in the output)
@@ -26,8 +28,8 @@ batching, which prepares a step before the last one's tokens are known, stays of
 rows have any. Eager steps touch the penalised rows' tokens only (a gather and a
 scatter); a step without a penalised row costs one dict lookup per request. A captured
 step (accelerator graphs, ``torch.compile``) cannot take a new number of tokens each
-time, so there the penalties are two dense buffers of ``max rows x vocabulary`` floats,
-filled when the step is prepared and applied by every step.
+time, so there the penalties are three dense buffers of ``max rows x vocabulary``
+floats, filled when the step is prepared and applied by every step.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from transformers.generation.continuous_batching.cb_logits_processors import (
 from worker.llm.seeded import steps_captured
 
 PENALTY_KWARGS = ("repetition_penalty", "frequency_penalty", "presence_penalty")
+# A request's logit bias, as add_request takes it: ((token id, bias), ...)
+BIAS_KWARG = "logit_bias"
 
 
 def prompt_and_output(state: Any) -> tuple[list[int], list[int]]:
@@ -59,9 +63,13 @@ def prompt_and_output(state: Any) -> tuple[list[int], list[int]]:
 @dataclass(frozen=True)
 class StepPenalties:
     """What one step's penalised rows change, as flat index lists (row, token):
+    ``bias_*`` each token a row's logit bias names and the bias added;
     ``repeat_*`` each token a repetition penalty divides or multiplies, once per row;
     ``subtract_*`` each token of a row's output and the amount taken off its logit."""
 
+    bias_rows: torch.Tensor
+    bias_tokens: torch.Tensor
+    bias_values: torch.Tensor
     repeat_rows: torch.Tensor
     repeat_tokens: torch.Tensor
     repeat_factors: torch.Tensor
@@ -71,10 +79,15 @@ class StepPenalties:
 
 
 def step_penalties(kwargs_by_row: list[dict[str, Any]], states: list[Any]) -> StepPenalties | None:
-    """The changes of the rows whose kwargs name a penalty (None: no row does)."""
+    """The changes of the rows whose kwargs name a penalty or a bias (None: no row does)."""
+    bias: list[tuple[int, torch.Tensor, torch.Tensor]] = []
     repeat: list[tuple[int, torch.Tensor, float]] = []
     subtract: list[tuple[int, torch.Tensor, torch.Tensor]] = []
     for row, (kwargs, state) in enumerate(zip(kwargs_by_row, states, strict=True)):
+        pairs = kwargs.get(BIAS_KWARG)
+        if pairs:
+            tokens = torch.tensor([t for t, _ in pairs], dtype=torch.long)
+            bias.append((row, tokens, torch.tensor([b for _, b in pairs], dtype=torch.float32)))
         repetition = float(kwargs.get("repetition_penalty", 1.0))
         frequency = float(kwargs.get("frequency_penalty", 0.0))
         presence = float(kwargs.get("presence_penalty", 0.0))
@@ -87,7 +100,7 @@ def step_penalties(kwargs_by_row: list[dict[str, Any]], states: list[Any]) -> St
         if (frequency or presence) and output:
             tokens, counts = torch.tensor(output, dtype=torch.long).unique(return_counts=True)
             subtract.append((row, tokens, frequency * counts.float() + presence))
-    if not repeat and not subtract:
+    if not bias and not repeat and not subtract:
         return None
 
     def rows_of(parts: list[Any]) -> torch.Tensor:
@@ -96,6 +109,9 @@ def step_penalties(kwargs_by_row: list[dict[str, Any]], states: list[Any]) -> St
 
     empty = torch.empty(0, dtype=torch.long)
     return StepPenalties(
+        bias_rows=rows_of(bias) if bias else empty,
+        bias_tokens=torch.cat([p[1] for p in bias]) if bias else empty,
+        bias_values=torch.cat([p[2] for p in bias]) if bias else torch.empty(0),
         repeat_rows=rows_of(repeat) if repeat else empty,
         repeat_tokens=torch.cat([p[1] for p in repeat]) if repeat else empty,
         repeat_factors=(
@@ -113,6 +129,9 @@ def apply_sparse(scores: torch.Tensor, step: StepPenalties) -> torch.Tensor:
     """``scores`` [rows, vocab] with the step's penalties applied (a new tensor)."""
     device = scores.device
     scores = scores.clone()
+    if step.bias_rows.numel():
+        index = (step.bias_rows.to(device), step.bias_tokens.to(device))
+        scores.index_put_(index, step.bias_values.to(device), accumulate=True)
     if step.repeat_rows.numel():
         index = (step.repeat_rows.to(device), step.repeat_tokens.to(device))
         values = scores[index]
@@ -128,15 +147,19 @@ class Penalties(ContinuousBatchingLogitsProcessor):
     """Applies each request's penalties (see the module docstring). ``dense_rows``: the
     most rows a step has, for captured steps (their two buffers); None: eager steps."""
 
-    supported_kwargs: dict[str, type] = {name: float for name in PENALTY_KWARGS}
+    supported_kwargs: dict[str, type] = {
+        **{name: float for name in PENALTY_KWARGS},
+        BIAS_KWARG: tuple,
+    }
     ignored_kwargs: tuple[str, ...] = ()
 
     def __init__(self, dense_rows: int | None, vocab_size: int, device: torch.device) -> None:
         self._step: StepPenalties | None = None  # set when a step is prepared
-        self._dense: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._dense: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._dense_dirty = False
         if dense_rows is not None:
             self._dense = (
+                torch.zeros(dense_rows, vocab_size, device=device),  # biases added
                 torch.ones(dense_rows, vocab_size, device=device),  # repetition factors
                 torch.zeros(dense_rows, vocab_size, device=device),  # amounts taken off
             )
@@ -147,7 +170,7 @@ class Penalties(ContinuousBatchingLogitsProcessor):
     def prepare_tensor_args(self, requests_with_new_token: list[Any]) -> torch.Tensor:
         states = [request.state for request in requests_with_new_token]
         kwargs = [state.logit_processor_kwargs for state in states]
-        penalised = [any(name in k for name in PENALTY_KWARGS) for k in kwargs]
+        penalised = [any(name in k for name in (*PENALTY_KWARGS, BIAS_KWARG)) for k in kwargs]
         self._step = step_penalties(kwargs, states) if any(penalised) else None
         if self._dense is not None:
             self._fill_dense()
@@ -155,8 +178,9 @@ class Penalties(ContinuousBatchingLogitsProcessor):
 
     def _fill_dense(self) -> None:
         assert self._dense is not None
-        factors, amounts = self._dense
+        biases, factors, amounts = self._dense
         if self._dense_dirty:
+            biases.zero_()
             factors.fill_(1.0)
             amounts.zero_()
             self._dense_dirty = False
@@ -164,6 +188,9 @@ class Penalties(ContinuousBatchingLogitsProcessor):
         if step is None:
             return
         device = factors.device
+        if step.bias_rows.numel():
+            index = (step.bias_rows.to(device), step.bias_tokens.to(device))
+            biases.index_put_(index, step.bias_values.to(device))
         if step.repeat_rows.numel():
             index = (step.repeat_rows.to(device), step.repeat_tokens.to(device))
             factors.index_put_(index, step.repeat_factors.to(device))
@@ -175,7 +202,8 @@ class Penalties(ContinuousBatchingLogitsProcessor):
     def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
         if self._dense is not None:
             rows = scores.size(0)
-            factors, amounts = self._dense[0][:rows], self._dense[1][:rows]
+            biases, factors, amounts = (buffer[:rows] for buffer in self._dense)
+            scores = scores + biases
             return torch.where(scores > 0, scores / factors, scores * factors) - amounts
         if self._step is None:
             return scores

@@ -138,7 +138,8 @@ def test_a_text_chunk_is_the_same_bytes_as_the_chunk_model_makes(
         ({"top_p": 0}, "top_p", "greater than 0"),
         ({"top_k": -2}, "top_k", "greater than or equal to -1"),
         ({"tools": [{"type": "function"}]}, "tools", "unsupported parameter: tools"),
-        ({"logit_bias": {"50256": -100}}, "logit_bias", "logit_bias is not supported"),
+        ({"logit_bias": {"fox": -100}}, "logit_bias", "a key is a token id"),
+        ({"logit_bias": {"5": -101}}, "logit_bias.5", "greater than or equal to -100"),
         ({"top_logprobs": 3}, "top_logprobs", "top_logprobs needs logprobs: true"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "less than or equal to 20"),
         ({"presence_penalty": 2.5}, "presence_penalty", "less than or equal to 2"),
@@ -266,6 +267,13 @@ def test_logprobs_asked_reach_the_replica_as_a_count(
     )
     made = call_input(parse_request(kind, body), _target())
     assert made.get("logprobs", "absent") == ("absent" if asked is None else asked)
+
+
+def test_a_logit_bias_reaches_the_replica_as_sent() -> None:
+    body = {**CHAT, "logit_bias": {"50256": -100, "7": 2.5}}
+    made = call_input(parse_request(ChatCompletionRequest, body), _target())
+    assert made["logit_bias"] == {"50256": -100.0, "7": 2.5}
+    assert "logit_bias" not in call_input(parse_request(ChatCompletionRequest, CHAT), _target())
 
 
 def test_a_chat_answer_has_its_tokens_logprobs_and_one_without_has_none() -> None:

@@ -152,6 +152,16 @@ def test_logprobs_are_the_models_own_whatever_the_sampling(function: LLMFunction
         assert a["logprob"] == pytest.approx(b["logprob"], abs=1e-5)
 
 
+def test_a_logit_bias_forces_a_token(function: LLMFunction) -> None:
+    llm = function.llm
+    assert llm is not None
+    token = 100
+    forced = function({**PROMPT, "temperature": 0.8, "logit_bias": {str(token): 100}}, _call())
+    assert forced["text"] == llm.tokenizer.decode([token] * 16)
+    plain = function({**PROMPT, "temperature": 0, "ignore_eos": True}, _call())
+    assert plain["text"] != forced["text"]
+
+
 def _function_over(model_dir: Path) -> LLMFunction:
     config = json.loads((model_dir / "config.json").read_text())
     ctx = Context(device="cpu", weights=tensors_of(model_dir), config=config, files=model_dir)
@@ -287,6 +297,11 @@ def test_an_adapter_changes_the_text_and_the_base_comes_back(function: LLMFuncti
         ({"prompt": "a", "logprobs": 21}, "logprobs"),
         ({"prompt": "a", "logprobs": True}, "logprobs"),
         ({"prompt": "a", "logprobs": -1}, "logprobs"),
+        ({"prompt": "a", "logit_bias": [1, 2]}, "logit_bias"),
+        ({"prompt": "a", "logit_bias": {"the": 1}}, "a key is a token id"),
+        ({"prompt": "a", "logit_bias": {"5": "up"}}, "a number from -100 to 100"),
+        ({"prompt": "a", "logit_bias": {"5": 101}}, "from -100 to 100"),
+        ({"prompt": "a", "logit_bias": {"99999999": 1}}, "outside this model's vocabulary"),
     ],
 )
 def test_bad_input_is_a_request_error(function: LLMFunction, bad: Any, says: str) -> None:

@@ -1,4 +1,4 @@
-"""Penalties and min_p: the processors against transformers' own (repetition, min_p)
+"""Penalties, logit bias and min_p: the processors against transformers' own (repetition, min_p)
 and OpenAI's formula (frequency, presence); the dense form of captured steps against
 the sparse one; in the engine, a penalised greedy request beside plain ones equals
 ``model.generate`` with the same penalty, and the plain ones are untouched."""
@@ -33,7 +33,7 @@ from worker.llm.penalties import (
 NEG_INF = float("-inf")
 
 
-def _request(prompt: list[int], output: list[int], **kwargs: float) -> FutureRequestState:
+def _request(prompt: list[int], output: list[int], **kwargs: Any) -> FutureRequestState:
     state = RequestState(request_id="r", initial_tokens=prompt, logit_processor_kwargs=kwargs)
     state.generated_tokens = list(output)
     return FutureRequestState(state, has_new_token=True, complete_blocks={}, query_length=1)
@@ -99,12 +99,41 @@ def test_the_dense_form_of_captured_steps_equals_the_sparse_one() -> None:
         [_request([1, 2], [3, 3], repetition_penalty=0.7), _request([5], [6], presence_penalty=1)],
         [_request([1], [2])],  # the buffers are reset after a penalised step
         [_request([8], [8, 9], frequency_penalty=2.0), _request([1], [], repetition_penalty=3)],
+        [_request([1], [2], logit_bias=((2, -5.0), (7, 3.5)), repetition_penalty=1.5)],
+        [_request([1], []), _request([4], [], logit_bias=((31, 100.0),))],
     ]
     for requests in steps:
         scores = torch.randn(len(requests), 32, generator=g)
         want = sparse(scores, sparse.prepare_tensor_args(requests))
         got = dense(scores, dense.prepare_tensor_args(requests))
         assert torch.allclose(got, want)
+
+
+def test_a_logit_bias_is_added_before_the_repetition_penalty() -> None:
+    scores = torch.tensor([[1.0, -1.0, 2.0, 0.5], [1.0, 1.0, 1.0, 1.0]])
+    requests = [
+        _request([2], [], logit_bias=((0, 3.0), (2, -4.0)), repetition_penalty=2.0),
+        _request([2], [], logit_bias=((3, -100.0),)),
+    ]
+    processor = Penalties(None, 4, torch.device("cpu"))
+    out = processor(scores, processor.prepare_tensor_args(requests))
+    # row 0: token 0 biased to 4; token 2 (in the prompt) biased to -2, then times 2
+    assert out.tolist() == [[4.0, -1.0, -4.0, 0.5], [1.0, 1.0, 1.0, -99.0]]
+
+
+@pytest.mark.parametrize(
+    ("bias", "says"),
+    [
+        (((1, 100.5),), "from -100 to 100"),
+        (((1, float("nan")),), "from -100 to 100"),
+        (((-1, 1.0),), "a token id is an integer >= 0"),
+        (((1, 1.0), (1, 2.0)), "names a token twice"),
+        (tuple((t, 1.0) for t in range(1025)), "at most 1024"),
+    ],
+)
+def test_a_logit_bias_out_of_range_is_refused(bias: Any, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        Sampling(4, logit_bias=bias)
 
 
 def test_a_reset_request_keeps_its_earlier_output_as_output() -> None:
@@ -230,6 +259,29 @@ def test_penalised_requests_beside_plain_ones_answer_as_alone(model: Any, engine
     assert results[5] == expected
     assert expected != generate_alone(model, prompts[5], 24), "the penalties changed nothing"
     assert engine.peak_active > 1, "the requests never shared a batch"
+
+
+def test_a_logit_bias_steers_greedy_and_leaves_the_requests_beside_it(
+    model: Any, engine: Engine
+) -> None:
+    prompts = _prompts()
+    alone = generate_alone(model, prompts[1], 12)
+    forced = Sampling(12, logit_bias=((42, 100.0),))
+    banned = Sampling(12, logit_bias=tuple((t, -100.0) for t in set(alone)))
+    asks = [(prompts[0], Sampling(12)), (prompts[1], forced), (prompts[1], banned)]
+    with ThreadPoolExecutor(len(asks)) as pool:
+        plain, all_42, other = pool.map(lambda ask: _tokens(engine, *ask), asks)
+    assert plain == generate_alone(model, prompts[0], 12)
+    assert all_42 == [42] * 12
+    assert other and not set(other) & set(alone), "a banned token was made"
+
+
+def test_a_logit_bias_outside_the_vocabulary_is_refused_before_the_batch(engine: Engine) -> None:
+    from worker.llm.engine import EngineError
+
+    with pytest.raises(EngineError, match="outside this model's vocabulary"):
+        _tokens(engine, [1, 2, 3], Sampling(4, logit_bias=((VOCAB, 1.0),)))
+    assert _tokens(engine, [1, 2, 3], Sampling(4)), "the engine serves on"
 
 
 def test_min_p_one_leaves_only_the_most_likely_token(model: Any, engine: Engine) -> None:
