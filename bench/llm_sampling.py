@@ -17,7 +17,8 @@ each level, ``streams`` requests at once, a thread each, temperature 1, seed ``i
     logprobs    every request asks for each token's logprob and the top
                 ``--top-logprobs`` (``worker.llm.logprobs``: the rows' raw logits
                 kept, their log-softmax and top n after the step, each entry's text)
-    all         the penalties, logprobs and min_p 0.05 together
+    all         the penalties, logprobs, min_p 0.05 and a logit bias of -5 on 64
+                tokens together
 
 The modes take turns round by round on the same engine; every figure is the median
 over rounds, and the ratios are against plain at the same level.
@@ -49,6 +50,7 @@ TEXT = (
     "Every cold start is a list of phases: the pool hit, the weights streamed from the"
     " store, the engine started and the first token made. "
 )
+BIASED_TOKENS = 64
 PROMPT_TOKENS = (12, 40, 96, 24, 64, 160, 8, 120)  # varied, as a chat's turns are
 
 
@@ -61,6 +63,7 @@ def mode_values(mode: str, top_logprobs: int) -> dict[str, Any]:
         values["logprobs"] = top_logprobs
     if mode == ALL:
         values["min_p"] = 0.05
+        values["logit_bias"] = tuple((token, -5.0) for token in range(3, 3 + BIASED_TOKENS))
     return values
 
 
