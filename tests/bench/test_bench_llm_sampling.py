@@ -20,7 +20,8 @@ def test_a_quick_run_shows_every_mode_and_logprobs_only_where_asked(
     args += ["--top-logprobs", "3", "--kv-cache-mb", "8", "--max-num-seqs", "4"]
     args += ["--data-dir", str(tmp_path), "--json", str(out)]
     assert llm_sampling.main(args) == 0
-    rows = json.loads(out.read_text())["rows"]
+    result = json.loads(out.read_text())
+    rows = result["rows"]
     assert [(r["mode"], r["streams"]) for r in rows] == [
         (mode, streams) for streams in (1, 3) for mode in llm_sampling.MODES
     ]
@@ -29,5 +30,8 @@ def test_a_quick_run_shows_every_mode_and_logprobs_only_where_asked(
         assert r["tokens"] == 4 * 2 * r["streams"]  # ignore_eos: every token asked for
         asked = r["mode"] in (llm_sampling.LOGPROBS, llm_sampling.ALL)
         assert r["logprob_entries"] == r["full_entries"] == (r["tokens"] if asked else 0)
+    costs = [(c["processor"], c["rows"]) for c in result["processors"]]
+    assert costs == [(p, n) for n in (1, 3) for p in ("penalties", "logprobs")]
+    assert all(c["ms_per_step"] > 0 for c in result["processors"])
     shown = capsys.readouterr().out
-    assert "x plain" in shown and "penalties" in shown
+    assert "x plain" in shown and "of plain TPOT p50" in shown
