@@ -62,6 +62,16 @@ class StreamTiming:
 
 
 Level = list[StreamTiming]
+
+
+def in_threads(count: int, run: Callable[[int], None]) -> None:
+    """``run(i)`` for each ``i`` below ``count``, each in a thread of its own, all at
+    once; returns when every one has."""
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 Progress = Callable[[str], None]
 
 # TTFT at one stream: the two clients thaw is read through, and the tokens asked for.
@@ -461,11 +471,7 @@ class InProcess:
                 time.sleep(wait)
             out[i] = self.one(i, max_tokens, t0)
 
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(streams)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        in_threads(streams, run)
         return [t for t in out if t is not None]
 
 

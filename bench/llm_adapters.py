@@ -161,11 +161,7 @@ def at_once(llm: Any, requests: list[tuple[list[int], str]], max_tokens: int) ->
         sampling = Sampling(max_new_tokens=max_tokens, temperature=1.0, seed=i)
         out[i] = one(llm, *requests[i], sampling, t0)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    base.in_threads(len(requests), run)
     return [t for t in out if t is not None]
 
 

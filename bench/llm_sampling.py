@@ -131,11 +131,7 @@ def level(
         )
         out[i] = one(llm, prompts[i % len(prompts)], sampling, t0, answered)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(streams)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    base.in_threads(streams, run)
     return [t for t in out if t is not None]
 
 

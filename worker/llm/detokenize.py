@@ -222,7 +222,10 @@ def _piece_kind(tokenizer: Any) -> str | None:
         return None
     if isinstance(backend.decoder, decoders.ByteLevel):
         return "byte_level"
-    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    if backend.decoder is None:
+        return None
+    # The decoder alone, as JSON (the whole tokenizer's would be its vocabulary too).
+    decoder = json.loads(backend.decoder.__getstate__())
     return "metaspace" if "\u2581" in json.dumps(decoder, ensure_ascii=False) else None
 
 

@@ -145,7 +145,7 @@ def apply_sparse(scores: torch.Tensor, step: StepPenalties) -> torch.Tensor:
 
 class Penalties(ContinuousBatchingLogitsProcessor):
     """Applies each request's penalties (see the module docstring). ``dense_rows``: the
-    most rows a step has, for captured steps (their two buffers); None: eager steps."""
+    most rows a step has, for captured steps (their three buffers); None: eager steps."""
 
     supported_kwargs: dict[str, type] = {
         **{name: float for name in PENALTY_KWARGS},

@@ -9,7 +9,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,11 +33,6 @@ VOCAB = 256
 EOS = 2
 
 
-@pytest.fixture(scope="module")
-def model() -> Any:
-    return tiny_llama()
-
-
 def tiny_llama() -> Any:
     """A 2-layer Llama of random weights, fp32, sdpa, on the CPU."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -57,14 +52,6 @@ def tiny_llama() -> Any:
     m = LlamaForCausalLM(config).eval()
     m.config._attn_implementation = "sdpa"
     return m
-
-
-@pytest.fixture(scope="module")
-def engine(model: Any) -> Iterator[Engine]:
-    sizes = EngineSizes(max_num_seqs=8, max_batch_tokens=256, kv_cache_bytes=4 << 20)
-    e = Engine(model, sizes, eos_token_ids=[EOS])
-    yield e
-    e.close()
 
 
 def _prompts() -> list[list[int]]:

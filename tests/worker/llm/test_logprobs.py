@@ -7,7 +7,6 @@ requests beside them are untouched."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -18,8 +17,8 @@ from transformers.generation.continuous_batching.requests import (
     RequestState,
 )
 
-from tests.worker.llm.test_engine import EOS, _prompts, generate_alone, tiny_llama
-from worker.llm.engine import Engine, EngineSizes, Sampling, TokenStep
+from tests.worker.llm.test_engine import _prompts, generate_alone
+from worker.llm.engine import Engine, Sampling, TokenStep
 from worker.llm.logprobs import MAX_TOP_LOGPROBS, StepLogprobs, TokenLogprob, token_logprobs
 
 
@@ -103,19 +102,6 @@ def test_steps_joined_keep_their_logprobs_in_order() -> None:
 
 
 # --- in the engine -------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def model() -> Any:
-    return tiny_llama()
-
-
-@pytest.fixture(scope="module")
-def engine(model: Any) -> Iterator[Engine]:
-    sizes = EngineSizes(max_num_seqs=8, max_batch_tokens=256, kv_cache_bytes=4 << 20)
-    e = Engine(model, sizes, eos_token_ids=[EOS])
-    yield e
-    e.close()
 
 
 def _run(engine: Engine, prompt: list[int], sampling: Sampling) -> tuple[list[int], list[Any]]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -19,8 +18,8 @@ from transformers.generation.continuous_batching.requests import (
     RequestState,
 )
 
-from tests.worker.llm.test_engine import EOS, VOCAB, _prompts, generate_alone, tiny_llama
-from worker.llm.engine import Engine, EngineSizes, Sampling
+from tests.worker.llm.test_engine import EOS, VOCAB, _prompts, generate_alone
+from worker.llm.engine import Engine, Sampling
 from worker.llm.penalties import (
     MinP,
     Penalties,
@@ -190,19 +189,6 @@ def test_only_the_values_set_reach_the_processors() -> None:
 
 
 # --- in the engine -------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def model() -> Any:
-    return tiny_llama()
-
-
-@pytest.fixture(scope="module")
-def engine(model: Any) -> Iterator[Engine]:
-    sizes = EngineSizes(max_num_seqs=8, max_batch_tokens=256, kv_cache_bytes=4 << 20)
-    e = Engine(model, sizes, eos_token_ids=[EOS])
-    yield e
-    e.close()
 
 
 def _tokens(engine: Engine, prompt: list[int], sampling: Sampling) -> list[int]:

@@ -10,14 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from tests.worker.llm.test_engine import EOS, VOCAB, generate_alone, tiny_llama
+from tests.worker.llm.test_engine import EOS, VOCAB, generate_alone
 from worker.llm.engine import Engine, EngineSizes, Sampling
 from worker.llm.prefix import request_salt, salted_request_id
-
-
-@pytest.fixture(scope="module")
-def model() -> Any:
-    return tiny_llama()
 
 
 @pytest.fixture(scope="module")

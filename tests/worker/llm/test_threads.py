@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.worker.llm.test_engine import EOS, _prompts, generate_alone, run_to_end, tiny_llama
+from tests.worker.llm.test_engine import EOS, _prompts, generate_alone, run_to_end
 from worker.llm.engine import Engine, EngineSizes, Sampling
 from worker.llm.threads import StepThreadRule, StepThreads
 
@@ -71,11 +71,6 @@ def test_no_widening_without_spare_cores_or_with_the_option_off() -> None:
         assert not threads.can_widen and rule.choose(64) == threads.narrow
     with pytest.raises(ValueError):
         StepThreads(narrow=3, wide=2)
-
-
-@pytest.fixture(scope="module")
-def model() -> Any:
-    return tiny_llama()
 
 
 def _eight_at_once(engine: Engine) -> list[list[int]]:
