@@ -72,6 +72,8 @@ def in_threads(count: int, run: Callable[[int], None]) -> None:
         t.start()
     for t in threads:
         t.join()
+
+
 Progress = Callable[[str], None]
 
 # TTFT at one stream: the two clients thaw is read through, and the tokens asked for.
