@@ -105,7 +105,7 @@ class _Generation(BaseModel):
         if self.stream_options is not None and not self.stream:
             return invalid("stream_options is only allowed with stream: true", "stream_options")
         for key in self.logit_bias or {}:
-            if not key.isdigit():
+            if not (key.isascii() and key.isdigit()):  # "²" is a digit, not an int
                 return invalid(
                     f'logit_bias names {key!r}: a key is a token id, as "1234"', "logit_bias"
                 )

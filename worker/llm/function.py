@@ -337,7 +337,7 @@ def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
     out = []
     for key, bias in value.items():
         token = key if _is_int(key) else None
-        if isinstance(key, str) and key.strip().isdigit():
+        if isinstance(key, str) and key.isascii() and key.strip().isdigit():  # not "²"
             token = int(key)
         if token is None:
             raise LLMRequestError(f'"logit_bias" names {key!r}: a key is a token id, as "1234"')

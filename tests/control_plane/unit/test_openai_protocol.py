@@ -139,6 +139,7 @@ def test_a_text_chunk_is_the_same_bytes_as_the_chunk_model_makes(
         ({"top_k": -2}, "top_k", "greater than or equal to -1"),
         ({"tools": [{"type": "function"}]}, "tools", "unsupported parameter: tools"),
         ({"logit_bias": {"fox": -100}}, "logit_bias", "a key is a token id"),
+        ({"logit_bias": {"²": 1}}, "logit_bias", "a key is a token id"),
         ({"logit_bias": {"5": -101}}, "logit_bias.5", "greater than or equal to -100"),
         ({"top_logprobs": 3}, "top_logprobs", "top_logprobs needs logprobs: true"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "less than or equal to 20"),

@@ -299,6 +299,7 @@ def test_an_adapter_changes_the_text_and_the_base_comes_back(function: LLMFuncti
         ({"prompt": "a", "logprobs": -1}, "logprobs"),
         ({"prompt": "a", "logit_bias": [1, 2]}, "logit_bias"),
         ({"prompt": "a", "logit_bias": {"the": 1}}, "a key is a token id"),
+        ({"prompt": "a", "logit_bias": {"²": 1}}, "a key is a token id"),
         ({"prompt": "a", "logit_bias": {"5": "up"}}, "a number from -100 to 100"),
         ({"prompt": "a", "logit_bias": {"5": 101}}, "from -100 to 100"),
         ({"prompt": "a", "logit_bias": {"99999999": 1}}, "outside this model's vocabulary"),
