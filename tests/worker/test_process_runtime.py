@@ -97,11 +97,17 @@ def test_streaming_yields_each_chunk_then_succeeds(runtime: ProcessRuntime) -> N
 
 
 class Relayed:
-    """A relay that takes ``limit`` chunks at most, then leaves the rest to the call."""
+    """A relay that takes ``limit`` chunks at most, then leaves the rest to the call.
+    ``first_pause_s``: its first hand-over takes that long, so the frames written
+    meanwhile wait in the pipe and the next read takes several (on a busy machine a
+    reader that keeps up reads them one by one)."""
 
-    def __init__(self, limit: int = 1 << 30, fail: bool = False) -> None:
+    def __init__(
+        self, limit: int = 1 << 30, fail: bool = False, first_pause_s: float = 0.0
+    ) -> None:
         self.limit = limit
         self.fail = fail
+        self.first_pause_s = first_pause_s
         self.chunks: list[Any] = []
         self.handed: list[int] = []  # chunks per hand-over
         self.threads: set[str] = set()
@@ -110,6 +116,8 @@ class Relayed:
         if self.fail:
             raise RuntimeError("a bug in the relay")
         self.threads.add(threading.current_thread().name)
+        if not self.handed:
+            time.sleep(self.first_pause_s)
         self.handed.append(len(chunks))
         taken = chunks[: max(0, self.limit - len(self.chunks))]
         self.chunks += taken
@@ -120,7 +128,7 @@ def test_a_relay_takes_the_streamed_chunks_and_the_call_yields_only_its_end(
     runtime: ProcessRuntime,
 ) -> None:
     replica = runtime.start(spec("basic:Stream"), Exits())
-    relay = Relayed()
+    relay = Relayed(first_pause_s=0.2)
     try:
         updates = run(replica, "c1", {"n": 300}, stream=True, relay=relay)
         after = run(replica, "c2", {"n": 2}, stream=True)  # no relay: yielded as before
